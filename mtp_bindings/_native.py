@@ -1,0 +1,88 @@
+"""Loads the compiled cffi module once, initialises the llama backend, and routes native logs.
+
+llama.cpp has one process-wide log callback. It is pointed here at a Python function that
+forwards lines to the ``mtp_bindings.native`` logger when native logging is enabled, and otherwise
+only remembers the last error lines (so exceptions can say *why* a load failed) without printing
+anything. :func:`set_verbose` switches between the two; :class:`~mtp_bindings.Model` calls it with
+its ``verbose`` argument.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from collections import deque
+
+from ._ffi import ffi, lib
+
+logger = logging.getLogger("mtp_bindings.native")
+
+_LEVELS = {
+    lib.GGML_LOG_LEVEL_DEBUG: logging.DEBUG,
+    lib.GGML_LOG_LEVEL_INFO: logging.INFO,
+    lib.GGML_LOG_LEVEL_WARN: logging.WARNING,
+    lib.GGML_LOG_LEVEL_ERROR: logging.ERROR,
+}
+
+_state_lock = threading.Lock()
+_verbose = False
+_initialised = False
+_partial: list[str] = []
+_partial_level = logging.INFO
+_recent_errors: deque[str] = deque(maxlen=16)
+
+
+@ffi.def_extern()
+def _mtp_log_callback(level: int, text, user_data) -> None:  # noqa: ANN001 (cffi types)
+    global _partial_level
+    s = ffi.string(text).decode("utf-8", errors="replace")
+    if level != lib.GGML_LOG_LEVEL_CONT:
+        _partial_level = _LEVELS.get(level, logging.INFO)
+    _partial.append(s)
+    if not s.endswith("\n"):
+        return
+    line = "".join(_partial).rstrip("\n")
+    _partial.clear()
+    if _partial_level >= logging.WARNING:
+        _recent_errors.append(line)
+    if _verbose:
+        logger.log(_partial_level, "%s", line)
+
+
+def set_verbose(verbose: bool) -> None:
+    """Forward native log lines to the ``mtp_bindings.native`` logger (True) or drop them (False).
+
+    Process-wide, like llama.cpp's own log callback. Errors are remembered either way, for
+    exception messages.
+    """
+    global _verbose
+    _verbose = bool(verbose)
+
+
+def pop_recent_errors() -> str:
+    """The warning/error lines logged since the last call, joined (for exception messages)."""
+    lines = list(_recent_errors)
+    _recent_errors.clear()
+    return "; ".join(line.strip() for line in lines if line.strip())
+
+
+def ensure_initialised() -> None:
+    """Install the log callback and initialise the llama backend (once per process)."""
+    global _initialised
+    with _state_lock:
+        if _initialised:
+            return
+        lib.llama_log_set(lib._mtp_log_callback, ffi.NULL)
+        lib.ggml_backend_load_all()
+        lib.llama_backend_init()
+        _initialised = True
+        atexit.register(_shutdown)
+
+
+def _shutdown() -> None:
+    # Native threads may still log while the interpreter is going away: point them at a C sink.
+    lib.llama_log_set(ffi.addressof(lib, "mtp_log_silent"), ffi.NULL)
+
+
+__all__ = ["ffi", "lib", "ensure_initialised", "set_verbose", "pop_recent_errors", "logger"]

@@ -1,0 +1,48 @@
+"""Chat prompts: render a list of messages with the GGUF's own jinja2 chat template."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from .exceptions import InvalidParameterError
+
+if TYPE_CHECKING:
+    from .model import Model
+
+# Gemma's turn format, for models whose GGUF carries no template.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>"
+    "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] }}<end_of_turn>\n"
+    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def validate_messages(messages: Sequence[dict[str, str]]) -> None:
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise InvalidParameterError("messages must be a non-empty list of {'role', 'content'} dicts")
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise InvalidParameterError(f"each message needs string 'role' and 'content', got {m!r}")
+
+
+def render_chat(model: Model, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    """The prompt text for ``messages`` (control tokens as text: tokenize with parse_special)."""
+    import jinja2
+    import jinja2.sandbox
+
+    validate_messages(messages)
+    source = model.chat_template or GEMMA_TEMPLATE
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+    def raise_exception(msg: str) -> None:
+        raise InvalidParameterError(f"chat template: {msg}")
+
+    env.globals["raise_exception"] = raise_exception
+    bos = model.token_to_piece(model.token_bos, special=True).decode("utf-8", errors="replace") if model.add_bos else ""
+    eos = model.token_to_piece(model.token_eos, special=True).decode("utf-8", errors="replace")
+    try:
+        tmpl = env.from_string(source)
+    except jinja2.TemplateError as e:
+        raise InvalidParameterError(f"the model's chat template does not parse: {e}") from e
+    return tmpl.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                       bos_token=bos, eos_token=eos)

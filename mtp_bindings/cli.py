@@ -1,0 +1,196 @@
+"""The ``mtp-bindings`` command line: demo, generate, chat, serve, bench, convert,
+verify-assistant, info. Flags follow llama.cpp's where they overlap (``-m``, ``--mtp-head``/``-md``,
+``--spec-draft-n-max``, ``-c``, ``-t``, ``-ctk``/``-ctv``, ``-n``, ``-p``, ``--temp``, ...)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from .exceptions import MTPBindingsError
+from .presets import PRESETS
+
+BUNDLED = Path(__file__).parent / "models"
+DEFAULT_TARGET = BUNDLED / "trained-target.gguf"
+DEFAULT_ASSISTANT = BUNDLED / "trained-assistant.gguf"
+DEMO_PROMPT = "def parse_args(argv):\n"
+
+
+class CLIError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+def _add_model_args(p: argparse.ArgumentParser, assistant_default: Path | None = DEFAULT_ASSISTANT) -> None:
+    p.add_argument("-m", "--model", type=Path, default=DEFAULT_TARGET,
+                   help="target GGUF (default: the bundled trained fixture)")
+    p.add_argument("--mtp-head", "-md", "--model-draft", dest="mtp_head", type=Path, default=assistant_default,
+                   help="MTP assistant GGUF to attach (default: the bundled trained assistant)")
+    p.add_argument("--no-mtp", action="store_true", help="do not attach an assistant (plain decoding)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size (default 4096)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: up to 8)")
+    p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type of K (f16, q8_0, ...)")
+    p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type of V (f16, q8_0, ...)")
+    p.add_argument("-fa", "--flash-attn", default="auto", choices=["on", "off", "auto"])
+    p.add_argument("-v", "--verbose", action="store_true", help="show llama.cpp's log")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default 128)")
+    p.add_argument("--temp", type=float, default=0.0, help="temperature (0 = greedy, the default)")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--repeat-last-n", type=int, default=64)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("-s", "--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--spec-draft-n-max", "--draft-max", dest="draft_n_max", type=int, default=None,
+                   help="tokens drafted per round (default from --preset)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="MTP preset (default: lift)")
+    p.add_argument("--no-depth2", action="store_true", help="draft synchronously (A/B of the overlap)")
+    p.add_argument("--skip-streak", type=int, default=None, help="zero-accept skip-streak threshold (0 = off)")
+    p.add_argument("--trace", default=None, help="NDJSON acceptance trace file ('1' = stderr)")
+
+
+def _load(args: argparse.Namespace, with_assistant: bool = True) -> Any:
+    from .model import Model
+
+    assistant = None if (args.no_mtp or not with_assistant) else args.mtp_head
+    model = Model(args.model, assistant=assistant, verbose=args.verbose, progress=sys.stderr.isatty() or None)
+    return model
+
+
+def _context(model: Any, args: argparse.Namespace) -> Any:
+    return model.create_context(n_ctx=args.ctx_size, n_threads=args.threads, type_k=args.cache_type_k,
+                                type_v=args.cache_type_v, flash_attn=args.flash_attn,
+                                embeddings=model.has_assistant)
+
+
+def _gen_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(max_tokens=args.n_predict, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+                min_p=args.min_p, repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
+                presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty, seed=args.seed,
+                stop=args.stop, draft_n_max=args.draft_n_max, preset=args.preset,
+                depth2=False if args.no_depth2 else None, skip_streak=args.skip_streak, trace=args.trace)
+
+
+def _stats_line(label: str, stats: Any) -> str:
+    acc = f"acceptance {stats.acceptance_rate:6.1%}, {stats.mean_accepted_length:.2f} tokens/round" \
+        if stats.n_drafted else "no drafting"
+    return f"{label:<10} {stats.tokens_per_second:9.1f} tokens/s   {stats.n_generated:4d} tokens   {acc}"
+
+
+# --- commands -----------------------------------------------------------------------------------
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    with _load(args) as model, _context(model, args) as ctx:
+        kwargs = _gen_kwargs(args)
+        if args.json:
+            r = model.generate(args.prompt, context=ctx, **kwargs)
+            print(json.dumps({"text": r.text, "tokens": r.tokens, "finish_reason": r.finish_reason,
+                              "stats": r.stats.as_dict()}))
+            return 0
+        stats = None
+        for piece in model.generate(args.prompt, context=ctx, stream=True, **kwargs):
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+            if piece.stats is not None:
+                stats = piece.stats
+        print()
+        if stats is not None:
+            print(_stats_line("mtp" if model.has_assistant else "plain", stats), file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The README's main job: the bundled trained pair, with and without MTP, side by side."""
+    from .model import Model
+
+    print(f"target    {args.model}\nassistant {args.mtp_head}\nprompt    {args.prompt!r}\n")
+    results = {}
+    with Model(args.model, assistant=args.mtp_head, verbose=args.verbose) as model:
+        with model.create_context(n_ctx=args.ctx_size, n_threads=args.threads, embeddings=True) as ctx:
+            model.generate(args.prompt, context=ctx, max_tokens=16, draft_n_max=0)  # warm-up
+            for label, n in (("plain", 0), ("mtp", args.draft_n_max)):
+                results[label] = model.generate(args.prompt, context=ctx, max_tokens=args.n_predict,
+                                                draft_n_max=n)
+    print(results["mtp"].text)
+    print()
+    for label, r in results.items():
+        print(_stats_line(label, r.stats))
+    plain, mtp = results["plain"], results["mtp"]
+    same = plain.tokens == mtp.tokens
+    speed = mtp.stats.tokens_per_second / plain.stats.tokens_per_second if plain.stats.tokens_per_second else 0.0
+    print(f"\nidentical output: {'yes' if same else 'NO'}   MTP speed vs plain: {speed:.2f}x")
+    return 0 if same else 1
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .gguf_tools import describe
+
+    print(describe(args.file, target=args.target))
+    return 0
+
+
+def cmd_verify_assistant(args: argparse.Namespace) -> int:
+    from .gguf_tools import verify_assistant
+
+    problems = verify_assistant(args.file, target=args.target)
+    if problems:
+        for p in problems:
+            print(f"error: {p}", file=sys.stderr)
+        return 1
+    print(f"{args.file}: OK")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="mtp-bindings", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("demo", help="generate with the bundled trained pair, with and without MTP")
+    _add_model_args(p)
+    p.add_argument("-p", "--prompt", default=DEMO_PROMPT)
+    p.add_argument("-n", "--n-predict", type=int, default=256)
+    p.add_argument("--spec-draft-n-max", dest="draft_n_max", type=int, default=2)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("generate", help="generate text from a prompt")
+    _add_model_args(p)
+    _add_sampling_args(p)
+    p.add_argument("-p", "--prompt", required=True, help="the prompt text")
+    p.add_argument("--json", action="store_true", help="print text, token ids and stats as one JSON object")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("info", help="summarise a GGUF (arch, sizes, quantization, MTP compatibility)")
+    p.add_argument("file", type=Path)
+    p.add_argument("--target", type=Path, default=None, help="check MTP compatibility with this target")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("verify-assistant", help="check an assistant GGUF's shapes, dtypes and metadata")
+    p.add_argument("file", type=Path)
+    p.add_argument("--target", type=Path, default=None, help="also check it fits this target")
+    p.set_defaults(func=cmd_verify_assistant)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (MTPBindingsError, CLIError, OSError) as e:
+        print(f"mtp-bindings: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The exception hierarchy: every failure of the library is one of these, typed and explained."""
+
+from __future__ import annotations
+
+
+class MTPBindingsError(Exception):
+    """Base class of every error raised by mtp-bindings."""
+
+
+class InvalidParameterError(MTPBindingsError, ValueError):
+    """An argument has the wrong type or is out of its documented range."""
+
+
+class ModelLoadError(MTPBindingsError):
+    """A model file could not be loaded (missing, not a GGUF, truncated, unsupported)."""
+
+
+class ModelFileNotFoundError(ModelLoadError, FileNotFoundError):
+    """The model path does not exist or is not a file."""
+
+
+class AssistantLoadError(ModelLoadError):
+    """An MTP assistant GGUF could not be attached to a target model."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ContextError(MTPBindingsError):
+    """A context could not be created (bad parameters, out of memory) or was used after close."""
+
+
+class TokenizeError(MTPBindingsError, ValueError):
+    """Text could not be tokenized, or token ids are not in the vocabulary."""
+
+
+class DecodeError(MTPBindingsError):
+    """``llama_decode`` failed; ``code`` is its return value."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ContextOverflowError(DecodeError):
+    """The tokens would not fit in the context window (``n_ctx``)."""
+
+
+class MTPError(MTPBindingsError):
+    """An MTP draft call failed; ``code`` is the C API's negative return code."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class MTPBusyError(MTPError):
+    """A second MTP request while one is in flight, or a wait with nothing pending (code -7)."""
+
+
+class NoAssistantError(MTPError):
+    """MTP drafting was asked of a model with no assistant attached."""
+
+
+class GenerationCancelled(MTPBindingsError):
+    """A generation was cancelled by its caller (cancel callback or closed stream)."""

@@ -1,0 +1,384 @@
+"""``Model``: a loaded GGUF (target, optionally with an MTP assistant attached), its vocabulary
+and metadata. It owns the native ``llama_model`` and frees it on :meth:`Model.close` / ``with``."""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import _native
+from ._native import ffi, lib
+from .exceptions import (
+    ContextError,
+    InvalidParameterError,
+    ModelFileNotFoundError,
+    ModelLoadError,
+    TokenizeError,
+)
+
+if TYPE_CHECKING:
+    from .context import Context, ContextParams
+
+ProgressCallback = Callable[[float], "bool | None"]
+
+GGUF_MAGIC = b"GGUF"
+
+
+@ffi.def_extern()
+def _mtp_progress_callback(progress: float, user_data) -> bool:  # noqa: ANN001 (cffi types)
+    callback = ffi.from_handle(user_data)
+    try:
+        keep_going = callback(float(progress))
+    except Exception:  # an exception must not cross into C: it aborts the load instead
+        return False
+    return keep_going is not False
+
+
+def check_gguf_file(path: str | os.PathLike[str], what: str = "model") -> Path:
+    """Raise a typed error unless ``path`` is a readable file that starts like a GGUF."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelFileNotFoundError(f"{what} file not found: {p}")
+    if not p.is_file():
+        raise ModelFileNotFoundError(f"{what} path is not a file: {p}")
+    try:
+        with p.open("rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise ModelLoadError(f"cannot read {what} file {p}: {e}") from e
+    if len(head) < 8 or head[:4] != GGUF_MAGIC:
+        raise ModelLoadError(f"{p} is not a GGUF file (starts with {head[:4]!r}, expected {GGUF_MAGIC!r})")
+    return p
+
+
+def _tqdm_progress(desc: str) -> ProgressCallback:
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=100, desc=desc, unit="%", leave=False)
+
+    def update(progress: float) -> bool:
+        bar.n = int(progress * 100)
+        bar.refresh()
+        if progress >= 1.0:
+            bar.close()
+        return True
+
+    return update
+
+
+class Model:
+    """A GGUF model loaded with llama.cpp.
+
+    >>> with Model("target.gguf", assistant="assistant.gguf") as model:
+    ...     print(model.generate("def main(", max_tokens=32).text)
+
+    Args:
+        path: the target GGUF.
+        assistant: optional MTP assistant GGUF to attach (see :meth:`attach_assistant`).
+        n_gpu_layers: layers to offload to a GPU backend (-1 = all); CPU builds ignore it.
+        use_mmap: map the file instead of reading it.
+        vocab_only: load only the vocabulary (no weights; no contexts can be created).
+        progress: a callable ``f(fraction) -> bool | None`` (return False to abort), or True
+            for a progress bar.
+        verbose: forward llama.cpp's log lines to the ``mtp_bindings.native`` logger.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        assistant: str | os.PathLike[str] | None = None,
+        n_gpu_layers: int = 0,
+        use_mmap: bool = True,
+        vocab_only: bool = False,
+        progress: ProgressCallback | bool | None = None,
+        verbose: bool = False,
+    ) -> None:
+        self._ptr = ffi.NULL
+        self._lock = threading.Lock()
+        self._contexts: weakref.WeakSet[Context] = weakref.WeakSet()
+        self.path = check_gguf_file(path)
+        if not isinstance(n_gpu_layers, int) or isinstance(n_gpu_layers, bool):
+            raise InvalidParameterError(f"n_gpu_layers must be an int, got {n_gpu_layers!r}")
+        _native.ensure_initialised()
+        _native.set_verbose(verbose)
+        self.verbose = verbose
+        self.assistant_path: Path | None = None
+
+        params = self._model_params(n_gpu_layers, use_mmap, vocab_only)
+        callback = _tqdm_progress(f"loading {self.path.name}") if progress is True else progress
+        handle = None
+        if callback:
+            handle = ffi.new_handle(callback)
+            params.progress_callback = lib._mtp_progress_callback
+            params.progress_callback_user_data = handle
+        _native.pop_recent_errors()
+        ptr = lib.llama_model_load_from_file(str(self.path).encode(), params)
+        if ptr == ffi.NULL:
+            why = _native.pop_recent_errors() or "llama.cpp could not load it"
+            raise ModelLoadError(f"failed to load model {self.path}: {why}")
+        self._ptr = ptr
+        self._vocab = lib.llama_model_get_vocab(ptr)
+        self.vocab_only = vocab_only
+        self._n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
+        self._piece_cache: dict[int, bytes] = {}
+        if assistant is not None:
+            self.attach_assistant(assistant)
+
+    @staticmethod
+    def _model_params(n_gpu_layers: int, use_mmap: bool, vocab_only: bool) -> Any:
+        params = lib.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.vocab_only = bool(vocab_only)
+        if not use_mmap and hasattr(lib, "LLAMA_LOAD_MODE_READ"):
+            params.load_mode = lib.LLAMA_LOAD_MODE_READ
+        return params
+
+    # --- lifetime -------------------------------------------------------------------------------
+
+    @property
+    def ptr(self) -> Any:
+        """The native ``llama_model *`` (expert use; see :mod:`mtp_bindings.low_level`)."""
+        if self._ptr == ffi.NULL:
+            raise ModelLoadError("the model is closed")
+        return self._ptr
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr == ffi.NULL
+
+    def close(self) -> None:
+        """Free the native model (and first every context still open on it). Idempotent."""
+        with self._lock:
+            if self._ptr == ffi.NULL:
+                return
+            for ctx in list(self._contexts):
+                ctx.close()
+            lib.llama_model_free(self._ptr)
+            self._ptr = ffi.NULL
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{self.arch}, {self.n_layer} layers, n_embd {self.n_embd}"
+        return f"<Model {self.path.name}: {state}>"
+
+    # --- description ----------------------------------------------------------------------------
+
+    @property
+    def arch(self) -> str:
+        return self.metadata.get("general.architecture", "")
+
+    @property
+    def n_embd(self) -> int:
+        return int(lib.llama_model_n_embd(self.ptr))
+
+    @property
+    def n_layer(self) -> int:
+        return int(lib.llama_model_n_layer(self.ptr))
+
+    @property
+    def n_ctx_train(self) -> int:
+        return int(lib.llama_model_n_ctx_train(self.ptr))
+
+    @property
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    @property
+    def n_params(self) -> int:
+        return int(lib.llama_model_n_params(self.ptr))
+
+    @property
+    def size(self) -> int:
+        """Bytes of weights."""
+        return int(lib.llama_model_size(self.ptr))
+
+    @property
+    def description(self) -> str:
+        buf = ffi.new("char[]", 256)
+        lib.llama_model_desc(self.ptr, buf, 256)
+        return ffi.string(buf).decode("utf-8", errors="replace")
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The GGUF key/value metadata, values as llama.cpp renders them (strings)."""
+        out: dict[str, str] = {}
+        ptr = self.ptr
+        for i in range(int(lib.llama_model_meta_count(ptr))):
+            out[self._meta_str(lib.llama_model_meta_key_by_index, ptr, i)] = self._meta_str(
+                lib.llama_model_meta_val_str_by_index, ptr, i)
+        return out
+
+    @staticmethod
+    def _meta_str(fn: Callable[..., int], ptr: Any, i: int) -> str:
+        size = 256
+        while True:
+            buf = ffi.new("char[]", size)
+            n = fn(ptr, i, buf, size)
+            if n < size:
+                return ffi.string(buf).decode("utf-8", errors="replace")
+            size = n + 1
+
+    @property
+    def chat_template(self) -> str | None:
+        tmpl = lib.llama_model_chat_template(self.ptr, ffi.NULL)
+        return None if tmpl == ffi.NULL else ffi.string(tmpl).decode("utf-8", errors="replace")
+
+    # --- vocabulary -----------------------------------------------------------------------------
+
+    @property
+    def token_bos(self) -> int:
+        return int(lib.llama_vocab_bos(self._vocab))
+
+    @property
+    def token_eos(self) -> int:
+        return int(lib.llama_vocab_eos(self._vocab))
+
+    @property
+    def token_eot(self) -> int:
+        return int(lib.llama_vocab_eot(self._vocab))
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(lib.llama_vocab_get_add_bos(self._vocab))
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT, ...)."""
+        return bool(lib.llama_vocab_is_eog(self._vocab, token))
+
+    def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Text -> token ids. ``add_special`` adds BOS when the model wants it; ``parse_special``
+        turns control-token text (``<start_of_turn>``) into the control tokens."""
+        if isinstance(text, str):
+            data = text.encode("utf-8")
+        elif isinstance(text, (bytes, bytearray)):
+            data = bytes(text)
+        else:
+            raise TokenizeError(f"tokenize expects str or bytes, got {type(text).__name__}")
+        if len(data) >= 2**31 - 1:
+            raise TokenizeError("text too long to tokenize")
+        n_max = len(data) + 8
+        while True:
+            buf = ffi.new("llama_token[]", n_max)
+            n = lib.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+            if n >= 0:
+                return list(ffi.unpack(buf, n))
+            if n == -(2**31):
+                raise TokenizeError("tokenization overflowed int32")
+            n_max = -n
+
+    def check_tokens(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Token ids as int32 array, or :class:`TokenizeError` if any is outside the vocabulary."""
+        try:
+            arr = np.asarray(tokens)
+        except (TypeError, ValueError) as e:
+            raise TokenizeError(f"tokens must be a sequence of ints: {e}") from e
+        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+            raise TokenizeError(f"tokens must be a flat sequence of ints, got dtype {arr.dtype} shape {arr.shape}")
+        if arr.size:
+            lo, hi = int(arr.min()), int(arr.max())
+            if lo < 0 or hi >= self._n_vocab:
+                bad = lo if lo < 0 else hi
+                raise TokenizeError(f"token id {bad} is outside the vocabulary [0, {self._n_vocab})")
+        return arr.astype(np.int32, copy=False)
+
+    def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes one token renders to (may be a partial UTF-8 sequence)."""
+        key = token if not special else ~token
+        cached = self._piece_cache.get(key)
+        if cached is not None:
+            return cached
+        self.check_tokens([token])
+        size = 32
+        while True:
+            buf = ffi.new("char[]", size)
+            n = lib.llama_token_to_piece(self._vocab, token, buf, size, 0, special)
+            if n >= 0:
+                piece = ffi.unpack(buf, n)
+                self._piece_cache[key] = piece
+                return piece
+            size = -n
+
+    def detokenize(self, tokens: Iterable[int], *, special: bool = False) -> str:
+        """Token ids -> text (invalid UTF-8 is replaced)."""
+        arr = self.check_tokens(list(tokens))
+        n_tokens = int(arr.size)
+        size = max(16, n_tokens * 8)
+        cbuf = ffi.from_buffer("llama_token[]", np.ascontiguousarray(arr))
+        while True:
+            buf = ffi.new("char[]", size)
+            n = lib.llama_detokenize(self._vocab, cbuf, n_tokens, buf, size, False, special)
+            if n >= 0:
+                return ffi.unpack(buf, n).decode("utf-8", errors="replace")
+            size = -n
+
+    # --- contexts and the assistant -------------------------------------------------------------
+
+    def create_context(self, params: ContextParams | None = None, **kwargs: Any) -> Context:
+        """A new :class:`~mtp_bindings.context.Context` on this model (keyword arguments are
+        :class:`~mtp_bindings.context.ContextParams` fields)."""
+        from .context import Context
+
+        if self.vocab_only:
+            raise ContextError("a vocab_only model cannot have contexts")
+        ctx = Context(self, params, **kwargs)
+        self._contexts.add(ctx)
+        return ctx
+
+    def generation_context(self, n_ctx: int | None = None) -> Context:
+        """The context :meth:`generate` uses by default (created on first use, then reused)."""
+        want = n_ctx or (min(4096, self.n_ctx_train) if self.n_ctx_train > 0 else 4096)
+        ctx = getattr(self, "_gen_ctx", None)
+        if ctx is None or ctx.closed or ctx.n_ctx < want:
+            if ctx is not None:
+                ctx.close()
+            ctx = self.create_context(n_ctx=want, embeddings=self.has_assistant)
+            self._gen_ctx = ctx
+        return ctx
+
+    @property
+    def has_assistant(self) -> bool:
+        fn = getattr(lib, "llama_model_has_mtp_assistant", None)
+        return bool(fn(self.ptr)) if fn is not None else False
+
+    def attach_assistant(self, path: str | os.PathLike[str]) -> None:
+        """Load an MTP assistant GGUF and attach it to this (target) model.
+
+        Raises :class:`AssistantLoadError` (with the C return code) when the file is malformed
+        or does not fit the target; the target stays usable either way.
+        """
+        from .mtp import attach_assistant
+
+        p = check_gguf_file(path, what="assistant")
+        attach_assistant(self, p)
+        self.assistant_path = p
+
+    def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Any:
+        """Generate text; see :func:`mtp_bindings.speculative.generate` for the arguments."""
+        from .speculative import generate
+
+        return generate(self, prompt, **kwargs)
+
+    def chat(self, messages: Sequence[dict[str, str]], **kwargs: Any) -> Any:
+        """Apply the GGUF's chat template to ``messages`` and generate the reply."""
+        from .speculative import chat
+
+        return chat(self, messages, **kwargs)
+

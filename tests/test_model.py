@@ -1,0 +1,127 @@
+"""Model and Context basics on the project's fixtures: metadata, vocabulary, decoding, memory."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from mtp_bindings import Model
+
+
+def test_model_reports_gemma4_architecture_and_shapes(dense_model):
+    assert dense_model.arch == "gemma4"
+    assert dense_model.n_embd == 64
+    assert dense_model.n_layer == 4
+    assert dense_model.n_vocab == 1024
+    assert dense_model.n_params > 0
+
+
+def test_metadata_is_a_dict_of_gguf_keys(dense_model):
+    md = dense_model.metadata
+    assert md["general.architecture"] == "gemma4"
+    assert "gemma4.block_count" in md
+
+
+def test_tokenize_detokenize_round_trips_text(dense_model):
+    text = "def main(argv):\n    return len(argv) + 1  # ünïcode ✓"
+    toks = dense_model.tokenize(text, add_special=False)
+    assert all(0 <= t < dense_model.n_vocab for t in toks)
+    assert dense_model.detokenize(toks) == text
+
+
+def test_tokenize_adds_bos_when_the_model_wants_it(dense_model):
+    with_bos = dense_model.tokenize("x = 1", add_special=True)
+    without = dense_model.tokenize("x = 1", add_special=False)
+    if dense_model.add_bos:
+        assert with_bos == [dense_model.token_bos] + without
+    else:
+        assert with_bos == without
+
+
+def test_token_pieces_concatenate_to_the_text(dense_model):
+    text = "import os\nprint(os.getcwd())"
+    toks = dense_model.tokenize(text, add_special=False)
+    assert b"".join(dense_model.token_to_piece(t) for t in toks).decode() == text
+
+
+def test_progress_callback_sees_load_complete(dense_target_path):
+    seen = []
+    with Model(dense_target_path, progress=seen.append):
+        pass
+    assert seen and seen[-1] == pytest.approx(1.0)
+
+
+def test_progress_callback_returning_false_aborts_the_load(dense_target_path):
+    from mtp_bindings import ModelLoadError
+    with pytest.raises(ModelLoadError):
+        Model(dense_target_path, progress=lambda p: False)
+
+
+def test_verbose_false_emits_no_native_log_records(dense_target_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="mtp_bindings.native")
+    with Model(dense_target_path, verbose=False):
+        pass
+    assert not [r for r in caplog.records if r.name == "mtp_bindings.native"]
+
+
+def test_verbose_true_routes_native_logs_to_logging(dense_target_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="mtp_bindings.native")
+    with Model(dense_target_path, verbose=True):
+        pass
+    from mtp_bindings import set_verbose
+    set_verbose(False)
+    assert any("gemma4" in r.getMessage() for r in caplog.records if r.name == "mtp_bindings.native")
+
+
+def test_logits_are_float32_arrays_of_vocab_size(dense_model):
+    with dense_model.create_context(n_ctx=64) as ctx:
+        n_out = ctx.decode([2, 10, 20, 30], logits="all")
+        assert n_out == 4
+        rows = ctx.get_logits_all()
+        assert rows.shape == (4, dense_model.n_vocab) and rows.dtype == np.float32
+        assert np.array_equal(rows[-1], ctx.get_logits(-1))
+
+
+def test_embeddings_have_the_backbone_width(dense_model):
+    with dense_model.create_context(n_ctx=64, embeddings=True) as ctx:
+        ctx.decode([2, 10, 20])
+        h = ctx.get_embeddings(-1)
+        assert h.shape == (dense_model.n_embd,) and h.dtype == np.float32 and np.isfinite(h).all()
+
+
+def test_seq_rm_then_redecode_reproduces_the_logits(dense_model):
+    with dense_model.create_context(n_ctx=64) as ctx:
+        ctx.decode([2, 10, 20, 30, 40])
+        before = ctx.get_logits(-1)
+        assert ctx.seq_pos_max(0) == 4
+        ctx.seq_rm(0, 3)
+        assert ctx.seq_pos_max(0) == 2
+        ctx.decode([30, 40])
+        np.testing.assert_allclose(ctx.get_logits(-1), before, rtol=1e-5, atol=1e-5)
+
+
+def test_batched_prompt_equals_token_by_token_decoding(dense_model):
+    toks = [2, 100, 200, 300, 400, 500]
+    with dense_model.create_context(n_ctx=64) as a, dense_model.create_context(n_ctx=64) as b:
+        a.decode(toks)
+        for t in toks:
+            b.decode([t])
+        np.testing.assert_allclose(a.get_logits(-1), b.get_logits(-1), rtol=1e-4, atol=1e-4)
+
+
+def test_prompt_longer_than_n_batch_is_split(dense_model):
+    toks = list(range(3, 40))
+    with dense_model.create_context(n_ctx=64, n_batch=8, n_ubatch=8) as a, \
+            dense_model.create_context(n_ctx=64) as b:
+        a.decode(toks)
+        b.decode(toks)
+        np.testing.assert_allclose(a.get_logits(-1), b.get_logits(-1), rtol=1e-4, atol=1e-4)
+
+
+def test_closing_the_model_closes_its_contexts(dense_target_path):
+    m = Model(dense_target_path)
+    ctx = m.create_context(n_ctx=32)
+    m.close()
+    assert ctx.closed and m.closed
