@@ -118,7 +118,8 @@ class Context:
         self._ptr = ptr
         self._mem = lib.llama_get_memory(ptr)
         self.n_ctx = int(lib.llama_n_ctx(ptr))
-        self.n_batch = self.params.n_batch
+        # llama.cpp may clamp n_batch (e.g. to the requested n_ctx): chunk by what it really uses
+        self.n_batch = min(int(lib.llama_n_batch(ptr)), self.params.n_batch)
         self._n_vocab = model.n_vocab
         self._n_embd = int(lib.llama_model_n_embd_out(model.ptr)) if hasattr(lib, "llama_model_n_embd_out") else model.n_embd
         self._batch = lib.llama_batch_init(self.n_batch, 0, 1)

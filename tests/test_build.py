@@ -23,10 +23,11 @@ def test_native_libraries_are_inside_the_package():
     assert {"libllama", "libggml", "libggml-base", "libggml-cpu"} <= names
 
 
-def test_no_ld_library_path_is_needed():
+def test_no_ld_library_path_is_needed(tmp_path):
     # a fresh interpreter with an empty environment still finds libllama through the rpath
+    # (run outside the source tree, so the installed package is the one imported)
     code = "from mtp_bindings import low_level; print(low_level.lib.llama_max_devices())"
-    out = subprocess.run([sys.executable, "-c", code], env={"PATH": "/usr/bin:/bin"},
+    out = subprocess.run([sys.executable, "-c", code], env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path,
                          capture_output=True, text=True, check=True)
     assert int(out.stdout.strip()) >= 1
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import TARGETS, fixture_path, reference_path
+from fixture_paths import TARGETS, fixture_path, reference_path
 from mtp_bindings import Model
 
 LOGIT_ATOL = 2e-2
