@@ -99,7 +99,12 @@ def test_seq_rm_then_redecode_reproduces_the_logits(dense_model):
         ctx.seq_rm(0, 3)
         assert ctx.seq_pos_max(0) == 2
         ctx.decode([30, 40])
-        np.testing.assert_allclose(ctx.get_logits(-1), before, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ctx.get_logits(-1), before, rtol=0, atol=BATCH_ATOL)
+
+
+# Batched and one-token matrix products accumulate in different orders (and flash attention may
+# differ per batch size): ~5e-4 on these logits. A positional or masking bug is O(1).
+BATCH_ATOL = 5e-3
 
 
 def test_batched_prompt_equals_token_by_token_decoding(dense_model):
@@ -108,7 +113,7 @@ def test_batched_prompt_equals_token_by_token_decoding(dense_model):
         a.decode(toks)
         for t in toks:
             b.decode([t])
-        np.testing.assert_allclose(a.get_logits(-1), b.get_logits(-1), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(a.get_logits(-1), b.get_logits(-1), rtol=0, atol=BATCH_ATOL)
 
 
 def test_prompt_longer_than_n_batch_is_split(dense_model):
@@ -117,7 +122,7 @@ def test_prompt_longer_than_n_batch_is_split(dense_model):
             dense_model.create_context(n_ctx=64) as b:
         a.decode(toks)
         b.decode(toks)
-        np.testing.assert_allclose(a.get_logits(-1), b.get_logits(-1), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(a.get_logits(-1), b.get_logits(-1), rtol=0, atol=BATCH_ATOL)
 
 
 def test_closing_the_model_closes_its_contexts(dense_target_path):
