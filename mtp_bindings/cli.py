@@ -150,6 +150,14 @@ def cmd_verify_assistant(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_convert(args: argparse.Namespace) -> int:
+    from .convert import convert_hf
+
+    out = convert_hf(args.hf_dir, args.outfile, outtype=args.outtype, verbose=args.verbose)
+    print(f"wrote {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mtp-bindings", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -167,6 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--prompt", required=True, help="the prompt text")
     p.add_argument("--json", action="store_true", help="print text, token ids and stats as one JSON object")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("convert", help="convert a Hugging Face Gemma 4 target or assistant to GGUF")
+    p.add_argument("hf_dir", type=Path, help="directory with config.json + safetensors (+ tokenizer)")
+    p.add_argument("outfile", type=Path, help="the GGUF to write")
+    p.add_argument("--outtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"])
+    p.add_argument("-v", "--verbose", action="store_true", help="show the converter's log")
+    p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("info", help="summarise a GGUF (arch, sizes, quantization, MTP compatibility)")
     p.add_argument("file", type=Path)

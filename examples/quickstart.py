@@ -1,0 +1,18 @@
+"""Quick start: generate with the bundled trained Gemma 4 pair, with and without MTP.
+
+    python examples/quickstart.py
+"""
+
+from pathlib import Path
+
+import mtp_bindings
+from mtp_bindings import Model
+
+MODELS = Path(mtp_bindings.__file__).parent / "models"
+
+with Model(MODELS / "trained-target.gguf", assistant=MODELS / "trained-assistant.gguf") as model:
+    for draft_n_max in (0, 2):
+        result = model.generate("def read_config(path):\n", max_tokens=64, draft_n_max=draft_n_max)
+        s = result.stats
+        print(f"draft_n_max={draft_n_max}: {s.tokens_per_second:.0f} tokens/s, acceptance {s.acceptance_rate:.0%}")
+    print(result.text)
