@@ -1,0 +1,40 @@
+"""Malformed GGUF files (structured mutations of the fixtures: header, metadata types and values,
+tensor shapes/types/offsets, truncation) fed to model load, assistant attach, ``info`` and
+``verify-assistant``, each case in its own subprocess: a valid load or a typed error, never a
+crash or a hang. The longer campaign is ``python tools/gguf_mutate.py``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
+import gguf_mutate  # noqa: E402
+
+from fixture_paths import fixture_path  # noqa: E402
+
+CASES = 12
+
+
+@pytest.mark.parametrize("modes", [["model", "info"]])
+def test_mutated_targets_never_crash_the_loader(tmp_path, modes):
+    report = gguf_mutate.campaign(fixture_path("dense-target.gguf"), modes, CASES, seed=1234, workdir=tmp_path)
+    assert report["failures"] == [], report["failures"]
+    assert sum(report["outcomes"].values()) == CASES * len(modes)
+
+
+def test_mutated_assistants_never_crash_verify_assistant(tmp_path):
+    report = gguf_mutate.campaign(fixture_path("dense-assistant.gguf"), ["verify", "info"], CASES, seed=99,
+                                  other=str(fixture_path("dense-target.gguf")), workdir=tmp_path)
+    assert report["failures"] == [], report["failures"]
+
+
+def test_layout_parser_finds_every_tensor(tmp_path):
+    data = fixture_path("dense-target.gguf").read_bytes()
+    layout = gguf_mutate.parse_layout(data)
+    import struct
+    n_tensors = struct.unpack_from("<Q", data, 8)[0]
+    assert sum(1 for f in layout if f.kind == "tensor.type") == n_tensors
+    assert layout[-1].kind == "data" and layout[-1].size > 0
