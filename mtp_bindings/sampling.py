@@ -36,6 +36,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         def num(name: str, lo: float, hi: float) -> None:
@@ -55,6 +56,11 @@ class SamplingParams:
                 raise InvalidParameterError(f"{name} must be a non-negative int, got {v!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise InvalidParameterError(f"seed must be a non-negative int or None, got {self.seed!r}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(
+                    isinstance(k, int) and not isinstance(k, bool) and k >= 0 and isinstance(v, (int, float))
+                    and not isinstance(v, bool) and v == v for k, v in self.logit_bias.items()):
+                raise InvalidParameterError("logit_bias must map token ids (ints >= 0) to numbers")
         if self.top_p == 0.0:
             raise InvalidParameterError("top_p must be > 0")
         if self.repeat_penalty == 0.0:
@@ -80,8 +86,14 @@ class Sampler:
     # --- the distribution ----------------------------------------------------------------------
 
     def penalized(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
-        """Logits with repeat / presence / frequency penalties over the last ``repeat_last_n``."""
+        """Logits plus ``logit_bias``, then repeat / presence / frequency penalties over the last
+        ``repeat_last_n`` tokens (llama.cpp's order)."""
         p = self.params
+        if p.logit_bias:
+            logits = logits.copy()
+            for tok, bias in p.logit_bias.items():
+                if tok < logits.size:
+                    logits[tok] += bias
         if not p.has_penalties or not history:
             return logits
         window = history[-p.repeat_last_n:]

@@ -480,6 +480,7 @@ def generate(
     presence_penalty: float = 0.0,
     frequency_penalty: float = 0.0,
     seed: int | None = None,
+    logit_bias: dict[int, float] | None = None,
     stop: str | Sequence[str] | None = None,
     draft_n_max: int | None = None,
     preset: str | None = None,
@@ -496,7 +497,8 @@ def generate(
     """Generate a continuation of ``prompt`` (text or token ids).
 
     Sampling: ``temperature`` (0 = greedy), ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``
-    over the last ``repeat_last_n`` tokens, ``presence_penalty``, ``frequency_penalty``, ``seed``.
+    over the last ``repeat_last_n`` tokens, ``presence_penalty``, ``frequency_penalty``, ``seed``,
+    ``logit_bias`` (token id -> added logit).
     Drafting: ``draft_n_max`` tokens per round (0 = plain decoding; default from ``preset``,
     see :mod:`.presets`), ``depth2`` overlap (default on; ``LLAMA_PIPELINE_DEPTH2=0`` turns it
     off), ``skip_streak`` threshold (``LLAMA_MTP_SKIP_STREAK_THRESHOLD``), ``trace`` (a path, a
@@ -511,7 +513,8 @@ def generate(
         raise InvalidParameterError(f"max_tokens must be a non-negative int, got {max_tokens!r}")
     sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed)
+                        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed,
+                        logit_bias=logit_bias)
     opts = _driver_options(model, draft_n_max, depth2, skip_streak, preset, h_idx)
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if not all(isinstance(s, str) for s in stops):
