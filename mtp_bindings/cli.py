@@ -131,6 +131,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if same else 1
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """The OpenAI-compatible server (see :mod:`mtp_bindings.server`)."""
+    try:
+        from .server import serve
+    except ImportError as e:
+        raise CLIError(f"the server needs the [server] extra (pip install 'mtp-bindings[server]'): {e}") from e
+    if args.parallel < 1:
+        raise CLIError(f"--parallel must be at least 1, got {args.parallel}")
+    if not 0 <= args.port <= 65535:
+        raise CLIError(f"--port must be in 0..65535, got {args.port}")
+    logging.getLogger("mtp_bindings.server").setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    with _load(args) as model:
+        serve(model, host=args.host, port=args.port, model_name=args.alias, api_key=args.api_key,
+              n_slots=args.parallel, n_ctx=args.ctx_size, n_threads=args.threads, type_k=args.cache_type_k,
+              type_v=args.cache_type_v, flash_attn=args.flash_attn, draft_n_max=args.draft_n_max,
+              preset=args.preset, depth2=False if args.no_depth2 else None, skip_streak=args.skip_streak,
+              access_log=args.verbose)
+    return 0
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from .gguf_tools import describe
 
@@ -182,6 +202,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--outtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"])
     p.add_argument("-v", "--verbose", action="store_true", help="show the converter's log")
     p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the [server] extra)",
+                       description="Serve the model over an OpenAI-compatible API: /v1/chat/completions, "
+                                   "/v1/completions, /v1/models, /health, /metrics.")
+    _add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all routes but /health)")
+    p.add_argument("-np", "--parallel", type=int, default=1,
+                   help="slots: requests generated at once, each with its own context (default 1); "
+                        "more requests queue")
+    p.add_argument("-a", "--alias", default=None, help="model name the API reports (default: the file's stem)")
+    p.add_argument("--spec-draft-n-max", "--draft-max", dest="draft_n_max", type=int, default=None,
+                   help="default tokens drafted per round (default from --preset; requests may override)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="MTP preset (default: lift)")
+    p.add_argument("--no-depth2", action="store_true", help="draft synchronously (A/B of the overlap)")
+    p.add_argument("--skip-streak", type=int, default=None, help="zero-accept skip-streak threshold (0 = off)")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("info", help="summarise a GGUF (arch, sizes, quantization, MTP compatibility)")
     p.add_argument("file", type=Path)
