@@ -94,7 +94,9 @@ def unpack_sdist(sdist: Path, dest: Path) -> None:
                 if not m.name.startswith(SDIST_PREFIX):
                     continue
                 m.name = m.name[len(SDIST_PREFIX):]
-                if m.name:
+                # the sdist carries llama.cpp as a git submodule: its `.git` file points at a
+                # repository that does not exist here and would confuse `git apply`
+                if m.name and m.name != ".git" and not m.name.startswith(".git/"):
                     members.append(m)
             tar.extractall(tmp, members=members, filter="data")
         if not (tmp / "include" / "llama.h").is_file():
@@ -116,6 +118,9 @@ def copy_tree(src: Path, dest: Path) -> None:
 
 
 def ensure_source(dest: Path, cache_dir: Path) -> None:
+    stray_git = dest / ".git"
+    if stray_git.is_file():  # left by an older unpack of the sdist
+        stray_git.unlink()
     stamp = dest / SOURCE_STAMP
     override = os.environ.get(ENV_SOURCE)
     want = {"commit": PINNED_COMMIT, "sha256": PINNED_SHA256}

@@ -26,28 +26,26 @@ if TYPE_CHECKING:
     from .context import Context
     from .model import Model
 
-MTP_N_STEPS_MAX = 16
+MTP_N_STEPS_MAX = 16  # LLAMA_MTP_MAX_STEPS
 
-# Return codes of the MTP C API (documented next to the prototypes in the patched llama.h).
-MTP_ERRORS: dict[int, str] = {
-    -1: "invalid argument (NULL pointer or context without a model)",
-    -2: "no MTP assistant is attached to the model",
-    -3: "invalid seq_id",
-    -4: "invalid n_steps",
-    -5: "invalid attn_pos",
-    -6: "invalid last_token",
-    -7: "an MTP request is already in flight (or nothing is pending to wait for)",
-    -8: "MTP graph computation failed",
-}
-ATTACH_ERRORS: dict[int, str] = {
-    -1: "invalid argument",
-    -2: "the assistant file could not be loaded",
-    -3: "the file is not a Gemma 4 assistant",
+# enum llama_mtp_status of the patched llama.h (documented there, next to the prototypes)
+MTP_STATUS: dict[int, str] = {
+    -1: "invalid argument (a NULL pointer)",
+    -2: "the assistant file could not be loaded (unreadable or malformed)",
+    -3: "not a Gemma 4 assistant for this target (architecture or attention layout)",
     -4: "the assistant's backbone width does not match the target's hidden size",
     -5: "the assistant's vocabulary is not compatible with the target's",
-    -6: "an assistant is already attached",
-    -7: "the target architecture does not support MTP",
+    -6: "no MTP assistant is attached to the model",
+    -7: "an MTP request is already in flight (or nothing is pending to wait for)",
+    -8: "invalid seq_id",
+    -9: "n_steps out of range",
+    -10: "attn_pos must be the sequence's last KV position (llama_memory_seq_pos_max)",
+    -11: "last_token is outside the vocabulary",
+    -12: "the MTP graph computation failed",
+    -13: "an assistant is already attached to this model",
 }
+MTP_ERR_NO_ASSISTANT = -6
+MTP_ERR_BUSY = -7
 
 
 def _require(name: str) -> Any:
@@ -65,8 +63,15 @@ def attach_assistant(model: Model, path: Any) -> None:
     rc = load(model.ptr, str(path).encode(), params)
     if rc != 0:
         why = _native.pop_recent_errors()
-        msg = ATTACH_ERRORS.get(rc, f"error {rc}")
+        msg = MTP_STATUS.get(rc, f"error {rc}")
         raise AssistantLoadError(f"cannot attach assistant {path}: {msg}{': ' + why if why else ''}", rc)
+
+
+def graph_stats(ctx: Context) -> dict[str, int]:
+    """The context's MTP counters: requests, steps, graph builds and reuses."""
+    st = _require("llama_mtp_get_stats")(ctx.ptr)
+    return {"n_requests": st.n_requests, "n_steps": st.n_steps, "n_graph_builds": st.n_graph_builds,
+            "n_graph_reuses": st.n_graph_reuses}
 
 
 def n_embd_backbone(model: Model) -> int:
@@ -74,13 +79,13 @@ def n_embd_backbone(model: Model) -> int:
 
 
 def _raise_for(rc: int, what: str) -> None:
-    msg = f"{what}: {MTP_ERRORS.get(rc, f'error {rc}')}"
+    msg = f"{what}: {MTP_STATUS.get(rc, f'error {rc}')}"
     why = _native.pop_recent_errors()
     if why:
         msg += f" ({why})"
-    if rc == -7:
+    if rc == MTP_ERR_BUSY:
         raise MTPBusyError(msg, rc)
-    if rc == -2:
+    if rc == MTP_ERR_NO_ASSISTANT:
         raise NoAssistantError(msg, rc)
     raise MTPError(msg, rc)
 
@@ -110,7 +115,7 @@ class MTPState:
     def __init__(self, ctx: Context) -> None:
         if not ctx.model.has_assistant:
             raise NoAssistantError("no MTP assistant is attached to this model: use Model(..., assistant=PATH)"
-                                   " or model.attach_assistant(PATH)", -2)
+                                   " or model.attach_assistant(PATH)", MTP_ERR_NO_ASSISTANT)
         self.ctx = ctx
         self.n_bb = n_embd_backbone(ctx.model)
         self.drafts = np.zeros(MTP_N_STEPS_MAX, dtype=np.int32)
