@@ -294,6 +294,7 @@ static void test_drafting(const char * path_tgt, const char * path_asst, struct 
 
     // the target appends past attn_pos while a request is in flight (the verification batch)
     {
+        const int32_t drains0 = llama_mtp_get_stats(ctx).n_drains;
         check_rc(llama_decode_mtp_async(ctx, 0, st.attn_pos, st.last, st.h, n_steps), LLAMA_MTP_OK, "submit (append in flight)");
         llama_token verify[LLAMA_MTP_MAX_STEPS + 1];
         verify[0] = st.last;
@@ -312,6 +313,16 @@ static void test_drafting(const char * path_tgt, const char * path_asst, struct 
         check(llama_memory_seq_rm(mem, 0, st.attn_pos + 1, -1), "seq_rm above attn_pos while in flight");
         check_rc(llama_decode_mtp_wait(ctx, d, h_last), LLAMA_MTP_OK, "wait (seq_rm above attn_pos)");
         check(same_tokens(d, ref, n_steps) && same_floats(h_last, ref_h, n_embd), "seq_rm above attn_pos changes nothing");
+        check(llama_mtp_get_stats(ctx).n_drains == drains0, "one append and seq_rm above attn_pos do not wait for the request");
+
+        // a second append may reuse sliding-window cells the request still reads: that decode waits for it
+        check_rc(llama_decode_mtp_async(ctx, 0, st.attn_pos, st.last, st.h, n_steps), LLAMA_MTP_OK, "submit (two appends)");
+        check(decode_prompt(ctx, verify, 1, 0, st.attn_pos + 1, &tmp, n_embd, n_vocab), "first append while in flight");
+        check(decode_prompt(ctx, verify + 1, n_steps, 0, st.attn_pos + 2, &tmp, n_embd, n_vocab), "second append while in flight");
+        check_rc(llama_decode_mtp_wait(ctx, d, h_last), LLAMA_MTP_OK, "wait (two appends)");
+        check(same_tokens(d, ref, n_steps) && same_floats(h_last, ref_h, n_embd), "two appends in flight change nothing");
+        check(llama_mtp_get_stats(ctx).n_drains == drains0 + 1, "the second append waited for the request");
+        check(llama_memory_seq_rm(mem, 0, st.attn_pos + 1, -1), "seq_rm the appended positions");
         free(tmp.h);
     }
 
@@ -386,8 +397,12 @@ static void test_drafting(const char * path_tgt, const char * path_asst, struct 
 
     // destructive operations with a request in flight wait for it; its result stays valid
     {
+        const int32_t drains0 = llama_mtp_get_stats(ctx).n_drains;
         check_rc(llama_decode_mtp_async(ctx, 0, st.attn_pos, st.last, st.h, n_steps), LLAMA_MTP_OK, "submit (seq_rm at attn_pos)");
+        check(llama_memory_seq_rm(mem, 1, -1, -1), "seq_rm of another sequence while in flight");
+        check(llama_mtp_get_stats(ctx).n_drains == drains0, "seq_rm of another sequence does not wait");
         check(llama_memory_seq_rm(mem, 0, st.attn_pos, -1), "seq_rm at attn_pos while in flight (drains)");
+        check(llama_mtp_get_stats(ctx).n_drains == drains0 + 1, "seq_rm at attn_pos waited for the request");
         check_rc(llama_decode_mtp_wait(ctx, d, h_last), LLAMA_MTP_OK, "wait after a draining seq_rm");
         check(same_tokens(d, ref, n_steps) && same_floats(h_last, ref_h, n_embd), "a drained request returns its drafts intact");
 
@@ -398,6 +413,7 @@ static void test_drafting(const char * path_tgt, const char * path_asst, struct 
 
         check_rc(llama_decode_mtp_async(ctx, 0, st.attn_pos, st.last, st.h, n_steps), LLAMA_MTP_OK, "submit (clear)");
         llama_memory_clear(mem, true);
+        check(llama_mtp_get_stats(ctx).n_drains == drains0 + 2, "llama_memory_clear waited for the request");
         check_rc(llama_decode_mtp_wait(ctx, d, NULL), LLAMA_MTP_OK, "wait after llama_memory_clear");
         check(same_tokens(d, ref, n_steps), "drafts intact after a draining clear");
 
