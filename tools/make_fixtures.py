@@ -111,6 +111,22 @@ DRAFT_PROMPTS = (
     "import re\n",
     "while True:\n    line =",
 )
+#: Candidate prompts for the trained pair's greedy references (see robust_greedy_references).
+TRAINED_PROMPT_POOL = GREEDY_PROMPTS + (
+    "from collections import",
+    "    def __repr__(self):\n",
+    "        if not isinstance(",
+    "try:\n    import",
+    "def main():\n",
+    "        try:\n",
+    "    raise",
+    "    return",
+    "        return self.",
+    "    \"\"\"",
+    "        else:\n",
+    "    for key, value in",
+)
+MIN_TRAINED_GAP = 2e-2
 MAX_TEACHER_FORCED_TOKENS = 15  # below the random fixtures' sliding window (16)
 MAX_DRAFT_PROMPT_TOKENS = 12  # leaves room for HF's W+1 / llama.cpp's W-1 SWA quirk
 
@@ -242,14 +258,16 @@ FIXTURES: dict[str, FixtureSpec] = {
 class TrainSettings:
     """Budgets and hyper-parameters of the trained pair."""
 
-    target_seconds: float = 360.0
-    assistant_seconds: float = 240.0
+    #: Fixed step counts (not wall-clock budgets) keep training reproducible; on
+    #: 2 idle cores they take about 6 and 4 minutes.
+    target_steps: int = 700
+    assistant_steps: int = 450
     seq_len: int = 128
     batch: int = 16
     target_lr: float = 3e-3
     assistant_lr: float = 3e-3
     draft_steps: int = 3
-    val_chars: int = 200_000
+    val_tokens: int = 60_000
 
 
 # ----------------------------------------------------------------------------
@@ -680,6 +698,8 @@ def first_draft_round(
     post = states.hidden_states[-1][0, -1]
     if not torch.allclose(post, inputs0[h_t:], atol=1e-5, rtol=1e-5):
         raise RuntimeError("h is not the target's hidden_states[-1] at the last prompt position")
+    if positions != [len(prompt)] * n_steps:
+        raise RuntimeError(f"draft positions {positions}, expected all {len(prompt)} (the position of x)")
     pre = _pre_norm_last_hidden(target, prompt)
     return DraftRound(
         prompt=list(prompt),
@@ -801,9 +821,7 @@ class References:
     acceptance: dict[str, Any] | None = None
 
 
-def greedy_references(
-    target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
-) -> References:
+def greedy_references(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> References:
     """Greedy continuations of the fixed prompts."""
     prompts = [encode(tokenizer, text) for text in GREEDY_PROMPTS]
     outputs: list[list[int]] = []
@@ -814,6 +832,33 @@ def greedy_references(
         min_gap = min(min_gap, gap)
     return References(
         greedy_prompts=prompts, greedy_texts=list(GREEDY_PROMPTS), greedy=outputs, greedy_min_gap=min_gap
+    )
+
+
+def robust_greedy_references(target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> References:
+    """Greedy continuations of the trained target, from prompts without near-ties.
+
+    A trained model cannot be re-seeded, so the first ``len(GREEDY_PROMPTS)``
+    prompts of ``TRAINED_PROMPT_POOL`` whose every greedy step has a top-1/top-2
+    gap of at least ``MIN_TRAINED_GAP`` are kept (an F16 GGUF with an F16 KV
+    cache moves logits by ~6e-3); failing that, the prompts with the largest gaps.
+    """
+    scored = []
+    for text in TRAINED_PROMPT_POOL:
+        prompt = encode(tokenizer, text)
+        tokens, gap = greedy_tokens(target, prompt, N_GREEDY_TOKENS)
+        if not FORBIDDEN_GREEDY_IDS.intersection(tokens):
+            scored.append((text, prompt, tokens, gap))
+    robust = [item for item in scored if item[3] >= MIN_TRAINED_GAP]
+    if len(robust) < len(GREEDY_PROMPTS):
+        LOG.warning("trained: only %d prompts with greedy gaps >= %.0e", len(robust), MIN_TRAINED_GAP)
+        robust = sorted(scored, key=lambda item: -item[3])
+    chosen = robust[: len(GREEDY_PROMPTS)]
+    return References(
+        greedy_prompts=[item[1] for item in chosen],
+        greedy_texts=[item[0] for item in chosen],
+        greedy=[item[2] for item in chosen],
+        greedy_min_gap=min(item[3] for item in chosen),
     )
 
 
@@ -1075,15 +1120,15 @@ def train_target(
     gen = np.random.default_rng(seed)
     target.train()
     opt = torch.optim.AdamW(target.parameters(), lr=settings.target_lr, weight_decay=0.01, betas=(0.9, 0.95))
-    step_time = _time_one_step(lambda: _target_step(target, opt, sample_batch(data, gen, settings.batch, settings.seq_len)))
-    total = max(100, int(settings.target_seconds / step_time))
-    LOG.info("trained: target %d params, %d steps (%.2fs/step)", _n_params(target), total, step_time)
+    total = settings.target_steps
+    LOG.info("trained: target %d params, %d steps", _n_params(target), total)
+    start = time.perf_counter()
     for step in range(total):
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, total, settings.target_lr)
         loss = _target_step(target, opt, sample_batch(data, gen, settings.batch, settings.seq_len))
-        if step % 200 == 0 or step == total - 1:
-            LOG.info("trained: target step %d/%d loss %.3f", step, total, loss)
+        if step % 100 == 0 or step == total - 1:
+            LOG.info("trained: target step %d/%d loss %.3f (%.0fs)", step, total, loss, time.perf_counter() - start)
     target.eval()
     return evaluate_perplexity(target, val, settings.seq_len)
 
@@ -1097,14 +1142,7 @@ def _target_step(target: PreTrainedModel, opt: torch.optim.Optimizer, batch: tor
     loss.backward()
     torch.nn.utils.clip_grad_norm_(target.parameters(), 1.0)
     opt.step()
-    return float(loss)
-
-
-def _time_one_step(step: Any) -> float:
-    start = time.perf_counter()
-    step()
-    step()
-    return (time.perf_counter() - start) / 2
+    return float(loss.detach())
 
 
 def _n_params(model: PreTrainedModel) -> int:
@@ -1152,15 +1190,15 @@ def distill_assistant(
     opt = torch.optim.AdamW(assistant.parameters(), lr=settings.assistant_lr, weight_decay=0.01, betas=(0.9, 0.95))
     seq_len = settings.seq_len
     batch_of = lambda: sample_batch(data, gen, settings.batch // 2, seq_len + settings.draft_steps)  # noqa: E731
-    step_time = _time_one_step(lambda: _distill_step(target, assistant, opt, batch_of(), settings))
-    total = max(100, int(settings.assistant_seconds / step_time))
-    LOG.info("trained: assistant %d params, %d steps (%.2fs/step)", _n_params(assistant), total, step_time)
+    total = settings.assistant_steps
+    LOG.info("trained: assistant %d params, %d steps", _n_params(assistant), total)
+    start = time.perf_counter()
     for step in range(total):
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, total, settings.assistant_lr)
         loss = _distill_step(target, assistant, opt, batch_of(), settings)
-        if step % 100 == 0 or step == total - 1:
-            LOG.info("trained: assistant step %d/%d KL %.3f", step, total, loss)
+        if step % 50 == 0 or step == total - 1:
+            LOG.info("trained: assistant step %d/%d KL %.3f (%.0fs)", step, total, loss, time.perf_counter() - start)
     assistant.eval()
 
 
@@ -1191,8 +1229,15 @@ def _distill_step(
         tokens = batch[:, 1 + k : 1 + k + m]
         inputs = torch.cat([embed(tokens), h], dim=-1)
         pre = assistant.pre_projection(inputs)
+        # output_hidden_states=True stops Gemma4TextModel from slicing all-KV-shared layers
+        # down to the last query (its generate-time optimisation), which would crash here.
         res = assistant.model(
-            inputs_embeds=pre, attention_mask=masks, position_ids=positions, shared_kv_states=shared, use_cache=False
+            inputs_embeds=pre,
+            attention_mask=masks,
+            position_ids=positions,
+            shared_kv_states=shared,
+            use_cache=False,
+            output_hidden_states=True,
         )
         last = res.last_hidden_state
         logits = assistant.lm_head(last)
@@ -1204,7 +1249,7 @@ def _distill_step(
     loss.backward()
     torch.nn.utils.clip_grad_norm_(assistant.parameters(), 1.0)
     opt.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 def _distill_masks(assistant: PreTrainedModel, m: int, batch: int) -> dict[str, torch.Tensor]:
@@ -1243,7 +1288,7 @@ def make_trained_fixture(
 
     corpus = load_corpus()
     stream = token_stream(tokenizer, corpus)
-    split = len(stream) - settings.val_chars // 3
+    split = len(stream) - settings.val_tokens
     data, val = stream[:split], stream[split:]
     LOG.info("trained: %d training tokens, %d held out", len(data), len(val))
     target, assistant = build_models(spec)
@@ -1257,9 +1302,14 @@ def make_trained_fixture(
     round_to_fp16(assistant)
     save_hf(target, tokenizer_dir, spec.hf_target_dir(), fp16=True)
     save_hf(assistant, tokenizer_dir, spec.hf_assistant_dir(), fp16=True)
+    trained_references(spec, tokenizer, {"kind": "trained", "val_perplexity": round(ppl, 3), "seed": spec.seed})
+
+
+def trained_references(spec: FixtureSpec, tokenizer: PreTrainedTokenizerBase, extra: dict[str, Any]) -> None:
+    """Greedy references and HF acceptance of the stored (fp16-rounded) trained pair."""
     target = load_hf_target(spec.hf_target_dir())
     assistant = load_hf_assistant(spec.hf_assistant_dir())
-    refs = greedy_references(target, tokenizer)
+    refs = robust_greedy_references(target, tokenizer)
     prompts = [encode(tokenizer, text) for text in GREEDY_PROMPTS + TEACHER_FORCED_TEXTS + DRAFT_PROMPTS]
     acceptance: dict[str, Any] = {"n_new_tokens": 64, "prompts": len(prompts)}
     for n_draft in (1, 2, 3, 4):
@@ -1267,7 +1317,7 @@ def make_trained_fixture(
         acceptance[f"n_draft_{n_draft}"] = {"rate": round(rate, 4), "accepted": accepted, "drafted": drafted}
         LOG.info("trained: HF acceptance with %d drafts: %.1f%% (%d/%d)", n_draft, 100 * rate, accepted, drafted)
     refs.acceptance = acceptance
-    save_references(refs, spec, {"kind": "trained", "val_perplexity": round(ppl, 3), "seed": spec.seed})
+    save_references(refs, spec, extra)
 
 
 def _init_for_training(model: PreTrainedModel, gen: torch.Generator) -> None:
@@ -1281,8 +1331,8 @@ def _init_for_training(model: PreTrainedModel, gen: torch.Generator) -> None:
             elif name.endswith("layer_scalar") or "norm" in name:
                 tensor.fill_(1.0)
             elif name.endswith("embed_tokens.weight"):
-                _fill(tensor, gen, 0.02 * math.sqrt(64 / tensor.shape[1]) * 4)
-            elif name == "post_projection.weight" or tensor.dim() == 2:
+                _fill(tensor, gen, 1.0 / math.sqrt(tensor.shape[1]))
+            elif tensor.dim() == 2:
                 _fill(tensor, gen, 1.0 / math.sqrt(tensor.shape[1]))
 
 
@@ -1403,13 +1453,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", nargs="+", choices=sorted(FIXTURES), metavar="NAME",
                         help=f"fixtures to (re)build, from {', '.join(FIXTURES)}")
     parser.add_argument("--skip-train", action="store_true", help="skip the trained pair")
-    parser.add_argument("--convert-only", action="store_true",
-                        help="only re-run GGUF conversion from the stored HF checkpoints")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--convert-only", action="store_true",
+                      help="only re-run GGUF conversion from the stored HF checkpoints")
+    mode.add_argument("--references-only", action="store_true",
+                      help="recompute the HF references from the stored HF checkpoints (no re-seeding, no training)")
     parser.add_argument("--llama-src", type=Path, default=None,
                         help=f"llama.cpp source tree (default: <repo>/{DEFAULT_LLAMA_SRC})")
-    parser.add_argument("--train-seconds", type=float, nargs=2, default=None, metavar=("TARGET", "ASSISTANT"),
-                        help="wall-clock training budgets of the trained pair (default 360 240)")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    parser.add_argument("--train-steps", type=int, nargs=2, default=None, metavar=("TARGET", "ASSISTANT"),
+                        help="optimizer steps of the trained pair (default %d %d)"
+                        % (TrainSettings.target_steps, TrainSettings.assistant_steps))
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: results can depend on it; oversubscribed cores make 2 slower)")
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser.parse_args(argv)
 
@@ -1440,15 +1495,36 @@ def generate(specs: Sequence[FixtureSpec], args: argparse.Namespace) -> None:
     tokenizer = make_tokenizer(tokenizer_dir)
     targets: dict[str, PreTrainedModel] = {}
     settings = TrainSettings()
-    if args.train_seconds:
-        settings = dataclasses.replace(
-            settings, target_seconds=args.train_seconds[0], assistant_seconds=args.train_seconds[1]
-        )
+    if args.train_steps:
+        settings = dataclasses.replace(settings, target_steps=args.train_steps[0], assistant_steps=args.train_steps[1])
     for spec in specs:
         if spec.trained:
             make_trained_fixture(spec, tokenizer, tokenizer_dir, settings)
         else:
             make_random_fixture(spec, tokenizer, tokenizer_dir, targets)
+
+
+def recompute_references(specs: Sequence[FixtureSpec], args: argparse.Namespace) -> None:
+    """Recompute references from the stored checkpoints, keeping the sidecars' provenance keys."""
+    from transformers import AutoTokenizer
+
+    setup_torch(args.threads)
+    for spec in specs:
+        tokenizer = AutoTokenizer.from_pretrained(spec.hf_target_dir())
+        sidecar = spec.reference_npz().with_suffix(".json")
+        previous = json.loads(sidecar.read_text()) if sidecar.is_file() else {}
+        extra = {k: previous[k] for k in ("kind", "seed", "val_perplexity") if k in previous}
+        if spec.trained:
+            trained_references(spec, tokenizer, extra)
+            continue
+        target = load_hf_target(spec.hf_target_dir())
+        assistant = load_hf_assistant(spec.hf_assistant_dir())
+        refs = full_references(target, assistant, tokenizer)
+        ok, why = references_ok(refs)
+        if not ok:
+            LOG.warning("%s: stored checkpoint no longer gives robust references: %s", spec.name, why)
+        _check_generate_matches(target, refs)
+        save_references(refs, spec, extra)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1457,7 +1533,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     llama_src = (args.llama_src or REPO_ROOT / DEFAULT_LLAMA_SRC).resolve()
     specs = selected_fixtures(args)
-    if not args.convert_only:
+    if args.references_only:
+        recompute_references(specs, args)
+    elif not args.convert_only:
         generate(specs, args)
     converted: set[Path] = set()
     summary = {spec.name: convert_fixture(spec, llama_src, converted) for spec in specs}
