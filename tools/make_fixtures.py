@@ -16,9 +16,9 @@ sources found on the machine, every model the project tests against:
 * Hugging Face reference outputs for each pair
   (``tests/fixtures/<name>-reference.npz`` plus a ``.json`` sidecar).
 
-Everything is seeded; running the script twice on the same machine (same
-Python stdlib, same torch/transformers versions, same thread count) gives the
-same files.  ``--convert-only`` re-runs just the GGUF conversion from the
+Everything is seeded and training runs a fixed number of steps; running the
+script twice on the same machine (same Python stdlib, same torch/transformers
+versions, same thread count) gives the same files.  ``--convert-only`` re-runs just the GGUF conversion from the
 stored Hugging Face checkpoints and does not import torch itself (the upstream
 converter it runs as a subprocess does).
 
@@ -28,6 +28,7 @@ Usage::
     python tools/make_fixtures.py --skip-train      # random fixtures only
     python tools/make_fixtures.py --only dense ple  # a subset
     python tools/make_fixtures.py --convert-only    # re-convert stored HF dirs
+    python tools/make_fixtures.py --references-only # recompute references from them
 """
 
 from __future__ import annotations
@@ -515,6 +516,7 @@ def build_models(spec: FixtureSpec) -> tuple[PreTrainedModel, PreTrainedModel]:
 
 
 def _fill(tensor: torch.Tensor, gen: torch.Generator, std: float) -> None:
+    """Overwrite ``tensor`` with N(0, std^2) samples from ``gen``."""
     import torch
 
     tensor.copy_(torch.randn(tensor.shape, generator=gen, dtype=torch.float32) * std)
@@ -966,7 +968,7 @@ def save_references(refs: References, spec: FixtureSpec, extra: dict[str, Any]) 
     }
     if refs.acceptance is not None:
         sidecar["acceptance"] = refs.acceptance
-    path.with_suffix(".json").write_text(json.dumps(sidecar, indent=2) + "\n")
+    path.with_suffix(".json").write_text(json.dumps(sidecar, indent=2, sort_keys=True) + "\n")
     LOG.info("%s: wrote %s", spec.name, _rel(path))
 
 
@@ -1114,7 +1116,7 @@ def cosine_lr(step: int, total: int, peak: float, warmup: int = 50) -> float:
 def train_target(
     target: PreTrainedModel, data: np.ndarray, val: np.ndarray, settings: TrainSettings, seed: int
 ) -> float:
-    """Train the target as a causal LM for a fixed wall-clock budget; returns val perplexity."""
+    """Train the target as a causal LM for ``settings.target_steps`` steps; returns val perplexity."""
     import torch
 
     gen = np.random.default_rng(seed)
@@ -1134,6 +1136,7 @@ def train_target(
 
 
 def _target_step(target: PreTrainedModel, opt: torch.optim.Optimizer, batch: torch.Tensor) -> float:
+    """One next-token cross-entropy step on ``batch`` [B, L+1]; returns the loss."""
     import torch
 
     logits = target(batch[:, :-1], use_cache=False).logits
@@ -1146,6 +1149,7 @@ def _target_step(target: PreTrainedModel, opt: torch.optim.Optimizer, batch: tor
 
 
 def _n_params(model: PreTrainedModel) -> int:
+    """Number of trainable parameters."""
     return sum(p.numel() for p in model.parameters())
 
 
@@ -1189,14 +1193,14 @@ def distill_assistant(
     assistant.train()
     opt = torch.optim.AdamW(assistant.parameters(), lr=settings.assistant_lr, weight_decay=0.01, betas=(0.9, 0.95))
     seq_len = settings.seq_len
-    batch_of = lambda: sample_batch(data, gen, settings.batch // 2, seq_len + settings.draft_steps)  # noqa: E731
     total = settings.assistant_steps
     LOG.info("trained: assistant %d params, %d steps", _n_params(assistant), total)
     start = time.perf_counter()
     for step in range(total):
         for group in opt.param_groups:
             group["lr"] = cosine_lr(step, total, settings.assistant_lr)
-        loss = _distill_step(target, assistant, opt, batch_of(), settings)
+        batch = sample_batch(data, gen, settings.batch // 2, seq_len + settings.draft_steps)
+        loss = _distill_step(target, assistant, opt, batch, settings)
         if step % 50 == 0 or step == total - 1:
             LOG.info("trained: assistant step %d/%d KL %.3f (%.0fs)", step, total, loss, time.perf_counter() - start)
     assistant.eval()
@@ -1209,6 +1213,7 @@ def _distill_step(
     batch: torch.Tensor,
     settings: TrainSettings,
 ) -> float:
+    """One distillation step (see ``distill_assistant``); returns the mean KL per draft step."""
     import torch
     import torch.nn.functional as F
 
@@ -1449,6 +1454,7 @@ def convert_fixture(spec: FixtureSpec, llama_src: Path, done: set[Path]) -> dict
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", choices=sorted(FIXTURES), metavar="NAME",
                         help=f"fixtures to (re)build, from {', '.join(FIXTURES)}")
@@ -1470,9 +1476,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def selected_fixtures(args: argparse.Namespace) -> list[FixtureSpec]:
+    """The fixtures to process, those reusing another's target last."""
     names = args.only or list(FIXTURES)
     specs = [FIXTURES[n] for n in names if not (args.skip_train and FIXTURES[n].trained)]
-    # A fixture reusing another's target must come after it.
     return sorted(specs, key=lambda s: s.target_from is not None)
 
 
@@ -1528,6 +1534,7 @@ def recompute_references(specs: Sequence[FixtureSpec], args: argparse.Namespace)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Generate (or recompute / re-convert), then convert and check every selected fixture."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
