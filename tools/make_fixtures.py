@@ -1408,6 +1408,11 @@ def inspect_gguf(path: Path, llama_src: Path, role: str, spec: FixtureSpec) -> d
         info["centroid_tensors"] = sorted(n for n in names if "masked_embd" in n)
         if spec.assistant.centroids and not info["centroid_tensors"]:
             LOG.warning("%s: no centroid-head tensors (upstream's converter drops masked_embedding.*)", _rel(path))
+        for tensor in reader.tensors:
+            if "masked_embd" in tensor.name and "ordering" in tensor.name:
+                ordering = np.asarray(tensor.data).reshape(-1)
+                if sorted(ordering.tolist()) != list(range(VOCAB_SIZE)):
+                    raise RuntimeError(f"{path}: {tensor.name} is not a permutation of the vocabulary")
     return info
 
 
