@@ -74,8 +74,20 @@ class ContextParams:
                 raise InvalidParameterError(f"{name} must be one of {sorted(KV_TYPES)}, got {v!r}")
         if self.flash_attn not in FLASH_ATTN:
             raise InvalidParameterError(f"flash_attn must be one of {sorted(FLASH_ATTN)}, got {self.flash_attn!r}")
-        if self.type_v != "f16" and self.type_v != "f32" and self.flash_attn == "off":
+        if self.type_v not in ("f32", "f16", "bf16") and self.flash_attn == "off":
             raise InvalidParameterError("a quantized V cache needs flash_attn 'on' or 'auto'")
+
+    @property
+    def resolved_flash_attn(self) -> str:
+        """``auto`` means off unless the V cache is quantized (which needs flash attention).
+
+        Why off: speculative verification decodes k+1 tokens at once and must give the logits a
+        one-token decode gives. Without flash attention llama.cpp's CPU path agrees to ~1e-6
+        between the two; its CPU flash attention does not (2.7e-3 measured on the keqv fixture),
+        which flips greedy near-ties and breaks "MTP output == plain output"."""
+        if self.flash_attn != "auto":
+            return self.flash_attn
+        return "on" if self.type_v not in ("f32", "f16", "bf16") else "off"
 
     def to_native(self) -> Any:
         p = lib.llama_context_default_params()
@@ -88,7 +100,7 @@ class ContextParams:
         p.embeddings = self.embeddings
         p.type_k = getattr(lib, KV_TYPES[self.type_k])
         p.type_v = getattr(lib, KV_TYPES[self.type_v])
-        p.flash_attn_type = getattr(lib, FLASH_ATTN[self.flash_attn])
+        p.flash_attn_type = getattr(lib, FLASH_ATTN[self.resolved_flash_attn])
         p.offload_kqv = self.offload_kqv
         p.no_perf = False
         return p

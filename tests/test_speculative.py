@@ -102,11 +102,15 @@ def test_seeded_mtp_sampling_is_reproducible(trained):
 
 def test_h_idx_of_the_last_accepted_token_beats_the_last_batch_row(trained):
     model, ctx = trained
-    good = bad = 0
-    for prompt in PROMPTS:
-        good += model.generate(prompt, max_tokens=96, draft_n_max=3, context=ctx).stats.n_accepted
-        bad += model.generate(prompt, max_tokens=96, draft_n_max=3, context=ctx, h_idx="last").stats.n_accepted
-    assert good > 1.2 * bad, (good, bad)
+    def rate(h_idx: str) -> float:
+        acc = drafted = 0
+        for prompt in PROMPTS:
+            s = model.generate(prompt, max_tokens=96, draft_n_max=4, context=ctx, h_idx=h_idx).stats
+            acc, drafted = acc + s.n_accepted, drafted + s.n_drafted
+        return acc / drafted
+
+    good, bad = rate("accepted"), rate("last")  # measured: 0.43 vs 0.29
+    assert good > 1.25 * bad, (good, bad)
 
 
 def test_trace_events_parse_and_their_counts_equal_stats(trained):
