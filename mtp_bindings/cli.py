@@ -151,6 +151,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Benchmarks against upstream llama.cpp (see :mod:`mtp_bindings.benchmark`)."""
+    from .benchmark import main_args
+
+    return main_args(args, "mtp-bindings bench " + " ".join(sys.argv[2:]))
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from .gguf_tools import describe
 
@@ -220,6 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-depth2", action="store_true", help="draft synchronously (A/B of the overlap)")
     p.add_argument("--skip-streak", type=int, default=None, help="zero-accept skip-streak threshold (0 = off)")
     p.set_defaults(func=cmd_serve)
+
+    from .benchmark import add_arguments as add_bench_arguments
+
+    p = sub.add_parser("bench", help="benchmark against upstream llama.cpp (markdown, JSON and plots)",
+                       description="MTP vs plain decoding, ours vs upstream llama-server, and the cost structure "
+                                   "at Gemma 4 E2B shapes; results in bench/results (see bench/README.md).")
+    add_bench_arguments(p)
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("info", help="summarise a GGUF (arch, sizes, quantization, MTP compatibility)")
     p.add_argument("file", type=Path)
