@@ -38,3 +38,21 @@ def test_layout_parser_finds_every_tensor(tmp_path):
     n_tensors = struct.unpack_from("<Q", data, 8)[0]
     assert sum(1 for f in layout if f.kind == "tensor.type") == n_tensors
     assert layout[-1].kind == "data" and layout[-1].size > 0
+
+
+def test_out_of_range_bos_token_id_loads_and_tokenizes_without_crashing(tmp_path):
+    # found by the campaign: this used to abort the process in llama_tokenize (fixed by patch 0007)
+    data = bytearray(fixture_path("dense-target.gguf").read_bytes())
+    # find the value field that follows the bos_token_id key
+    fields = iter(gguf_mutate.parse_layout(bytes(data)))
+    target = None
+    for f in fields:
+        if f.kind == "kv.key.bytes" and bytes(data[f.offset:f.offset + f.size]) == b"tokenizer.ggml.bos_token_id":
+            next(fields)  # kv.type
+            target = next(fields)
+            break
+    assert target is not None and target.size == 4
+    data[target.offset:target.offset + 4] = (2**31).to_bytes(4, "little")
+    bad = tmp_path / "bad-bos.gguf"
+    bad.write_bytes(bytes(data))
+    assert gguf_mutate.run_case(bad, "model") == "ok"
