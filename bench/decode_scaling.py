@@ -1,0 +1,650 @@
+#!/usr/bin/env python3
+"""Decode scaling on CPU: what does one decode of n = 1..8 tokens cost relative to n = 1?
+
+Speculative decoding verifies k drafted tokens with one decode of k+1 tokens; on CPU that only pays
+off when such a decode costs about as much as decoding one token (the weights are read once either
+way). This tool measures it at real Gemma 4 widths:
+
+1. ``build``: writes a Gemma 4 target of E2B width with random weights (hidden 1536, 4 layers
+   [S, S, S, F], 8 heads, 1 KV head, head_dim 256, global head_dim 512, sliding window 512,
+   FFN 6144, vocab 262144, tied embeddings) directly with gguf-py, as f16, then quantizes it to
+   q8_0 and q4_K (``llama_model_quantize``, pure) through the package's own libllama. The tokenizer
+   is the tiny test fixture's, padded with unused tokens to 262144.
+2. ``decode``: for each weight type, times one ``ctx.decode(tokens, pos=P, logits="all")`` of
+   n = 1..8 tokens through the project's Python API, and prompt processing of 512 tokens;
+   configurations interleaved in rounds, medians reported, ratios taken within one process.
+3. ``ggml``: the same per matrix shape through ggml alone, with the small C program
+   ``bench/mulmat_bench.c`` (compiled here against the package's ggml headers and libraries;
+   weights placed in the buffer type llama.cpp would pick, i.e. repacked/AMX where available).
+
+Before/after comparisons in one run: ``--variant NAME=LIBDIR`` (repeatable) runs every measurement
+once per variant, with ``LIBDIR/libggml-cpu.so`` preloaded in place of the package's (worker
+processes, driven in alternation so that only one computes at a time).
+
+Results go to ``bench/results/decode_scaling.json`` (a ``decode_scaling`` section) and a PNG plot.
+
+Usage::
+
+    python bench/decode_scaling.py                      # build (cached) + decode + ggml + plot
+    python bench/decode_scaling.py --types f16 --rounds 5
+    python bench/decode_scaling.py --variant upstream=/path/to/upstream/lib --variant patched=
+
+An empty LIBDIR means the package's own libraries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+C_TOOL = REPO / "bench" / "mulmat_bench.c"
+TOKENIZER_SOURCE = REPO / "tests" / "fixtures" / "dense-target.gguf"
+DEFAULT_CACHE = Path(os.environ.get("MTP_BENCH_CACHE", Path.home() / ".cache" / "mtp-bindings" / "decode-scaling"))
+
+# Gemma 4 E2B widths (the text decoder), 4 layers
+HIDDEN = 1536
+FFN = 6144
+N_HEAD = 8
+N_HEAD_KV = 1
+HEAD_DIM_SWA = 256
+HEAD_DIM_FULL = 512
+SLIDING_WINDOW = 512
+VOCAB = 262144
+LAYERS = (True, True, True, False)  # sliding-window pattern: [S, S, S, F]
+TYPES = ("f16", "q8_0", "q4_K")
+FTYPES = {"f16": 1, "q8_0": 7, "q4_K": 14}  # llama_ftype: MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_Q4_K_S (pure)
+SEED = 8
+
+
+def log(msg: str) -> None:
+    print(f"[decode_scaling] {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# model files
+# ----------------------------------------------------------------------------------------------
+
+
+def _gguf() -> Any:
+    from mtp_bindings.gguf_tools import _gguf as load
+
+    return load()
+
+
+def matrix_shapes() -> list[tuple[str, int, int]]:
+    """(name, rows, cols) of every matrix product of one decode, rows = output features (ne01)."""
+    shapes = []
+    for i, swa in enumerate(LAYERS):
+        hd = HEAD_DIM_SWA if swa else HEAD_DIM_FULL
+        shapes += [
+            (f"blk.{i}.attn_q", N_HEAD * hd, HIDDEN),
+            (f"blk.{i}.attn_k", N_HEAD_KV * hd, HIDDEN),
+            (f"blk.{i}.attn_v", N_HEAD_KV * hd, HIDDEN),
+            (f"blk.{i}.attn_output", HIDDEN, N_HEAD * hd),
+            (f"blk.{i}.ffn_gate", FFN, HIDDEN),
+            (f"blk.{i}.ffn_up", FFN, HIDDEN),
+            (f"blk.{i}.ffn_down", HIDDEN, FFN),
+        ]
+    shapes.append(("output", VOCAB, HIDDEN))
+    return shapes
+
+
+def distinct_shapes() -> list[dict[str, Any]]:
+    """The distinct (rows, cols) of one decode with how often each occurs."""
+    seen: dict[tuple[int, int], dict[str, Any]] = {}
+    for name, rows, cols in matrix_shapes():
+        kind = name.split(".")[-1]
+        entry = seen.setdefault((rows, cols), {"rows": rows, "cols": cols, "count": 0, "names": []})
+        entry["count"] += 1
+        if kind not in entry["names"]:
+            entry["names"].append(kind)
+    return list(seen.values())
+
+
+def _tokenizer_kv(gguf: Any) -> list[tuple[str, Any, Any, Any]]:
+    """The fixture tokenizer's key/values, with the vocabulary padded to VOCAB unused tokens."""
+    reader = gguf.GGUFReader(TOKENIZER_SOURCE)
+    out = []
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        value = field.contents()
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        n_pad = VOCAB - len(value) if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores",
+                                              "tokenizer.ggml.token_type") else 0
+        if key == "tokenizer.ggml.tokens":
+            value = list(value) + [f"<unused{i}>" for i in range(n_pad)]
+        elif key == "tokenizer.ggml.scores":
+            value = list(value) + [0.0] * n_pad
+        elif key == "tokenizer.ggml.token_type":
+            value = list(value) + [int(gguf.TokenType.UNUSED)] * n_pad
+        out.append((key, value, vtype, sub))
+    return out
+
+
+def write_f16_target(path: Path) -> None:
+    """Write the random f16 target (tensor by tensor, so memory stays at one tensor)."""
+    gguf = _gguf()
+    arch = "gemma4"
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name("Decode scaling target (E2B width, random)")
+    w.add_uint32(f"{arch}.block_count", len(LAYERS))
+    w.add_uint32(f"{arch}.context_length", 4096)
+    w.add_uint32(f"{arch}.embedding_length", HIDDEN)
+    w.add_uint32(f"{arch}.feed_forward_length", FFN)
+    w.add_uint32(f"{arch}.attention.head_count", N_HEAD)
+    w.add_uint32(f"{arch}.attention.head_count_kv", N_HEAD_KV)
+    w.add_float32(f"{arch}.rope.freq_base", 1_000_000.0)
+    w.add_float32(f"{arch}.rope.freq_base_swa", 10_000.0)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_uint32(f"{arch}.attention.key_length", HEAD_DIM_FULL)
+    w.add_uint32(f"{arch}.attention.value_length", HEAD_DIM_FULL)
+    w.add_uint32(f"{arch}.attention.key_length_swa", HEAD_DIM_SWA)
+    w.add_uint32(f"{arch}.attention.value_length_swa", HEAD_DIM_SWA)
+    w.add_uint32("general.file_type", FTYPES["f16"])
+    w.add_float32(f"{arch}.final_logit_softcapping", 30.0)
+    w.add_uint32(f"{arch}.attention.sliding_window", SLIDING_WINDOW)
+    w.add_uint32(f"{arch}.attention.shared_kv_layers", 0)
+    w.add_uint32(f"{arch}.embedding_length_per_layer_input", 0)
+    w.add_array(f"{arch}.attention.sliding_window_pattern", list(LAYERS))
+    w.add_uint32(f"{arch}.rope.dimension_count", HEAD_DIM_FULL)
+    w.add_uint32(f"{arch}.rope.dimension_count_swa", HEAD_DIM_SWA)
+    w.add_uint32("general.quantization_version", 2)
+    for key, value, vtype, sub in _tokenizer_kv(gguf):
+        w.add_key_value(key, value, vtype, sub_type=sub)
+
+    rng = np.random.default_rng(SEED)
+    n_rot = HEAD_DIM_FULL // 8  # proportional rope, partial_rotary_factor 0.25
+    tensors: list[tuple[str, tuple[int, ...], Any]] = [
+        ("rope_freqs.weight", (HEAD_DIM_FULL // 2,),
+         lambda: np.array([1.0] * n_rot + [1e30] * (HEAD_DIM_FULL // 2 - n_rot), dtype=np.float32)),
+        ("token_embd.weight", (VOCAB, HIDDEN), None),
+    ]
+    for i, swa in enumerate(LAYERS):
+        hd = HEAD_DIM_SWA if swa else HEAD_DIM_FULL
+        ones = (lambda n: (lambda: np.ones(n, dtype=np.float32)))
+        tensors += [
+            (f"blk.{i}.attn_norm.weight", (HIDDEN,), ones(HIDDEN)),
+            (f"blk.{i}.layer_output_scale.weight", (1,), ones(1)),
+            (f"blk.{i}.ffn_down.weight", (HIDDEN, FFN), None),
+            (f"blk.{i}.ffn_gate.weight", (FFN, HIDDEN), None),
+            (f"blk.{i}.ffn_up.weight", (FFN, HIDDEN), None),
+            (f"blk.{i}.post_attention_norm.weight", (HIDDEN,), ones(HIDDEN)),
+            (f"blk.{i}.post_ffw_norm.weight", (HIDDEN,), ones(HIDDEN)),
+            (f"blk.{i}.ffn_norm.weight", (HIDDEN,), ones(HIDDEN)),
+            (f"blk.{i}.attn_k_norm.weight", (hd,), ones(hd)),
+            (f"blk.{i}.attn_k.weight", (N_HEAD_KV * hd, HIDDEN), None),
+            (f"blk.{i}.attn_output.weight", (HIDDEN, N_HEAD * hd), None),
+            (f"blk.{i}.attn_q_norm.weight", (hd,), ones(hd)),
+            (f"blk.{i}.attn_q.weight", (N_HEAD * hd, HIDDEN), None),
+            (f"blk.{i}.attn_v.weight", (N_HEAD_KV * hd, HIDDEN), None),
+        ]
+    tensors.append(("output_norm.weight", (HIDDEN,), lambda: np.ones(HIDDEN, dtype=np.float32)))
+
+    def matrix(shape: tuple[int, ...]) -> np.ndarray:
+        out = np.empty(shape, dtype=np.float16)
+        std = 1.0 / np.sqrt(shape[1])
+        step = max(1, (1 << 24) // shape[1])
+        for r in range(0, shape[0], step):
+            block = rng.standard_normal((min(step, shape[0] - r), shape[1]), dtype=np.float32)
+            out[r:r + step] = block * std
+        return out
+
+    for name, shape, _ in tensors:
+        dtype = np.float16 if len(shape) == 2 else np.float32
+        w.add_tensor_info(name, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shape, make in tensors:
+        w.write_tensor_data(matrix(shape) if make is None else make())
+    w.close()
+
+
+def quantize(src: Path, dst: Path, ftype: int, threads: int) -> None:
+    from mtp_bindings.low_level import ensure_initialised, ffi, lib
+
+    ensure_initialised()
+    params = lib.llama_model_quantize_default_params()
+    params.nthread = threads
+    params.ftype = ftype
+    params.pure = True  # every matrix, token_embd included, in the one type
+    rc = lib.llama_model_quantize(str(src).encode(), str(dst).encode(), ffi.new("llama_model_quantize_params *", params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({src} -> {dst}) failed with {rc}")
+
+
+def build_models(cache: Path, types: Sequence[str], threads: int) -> dict[str, Path]:
+    cache.mkdir(parents=True, exist_ok=True)
+    paths = {t: cache / f"e2b-width-{t}.gguf" for t in TYPES}
+    if not paths["f16"].is_file():
+        log(f"writing {paths['f16']}")
+        tmp = paths["f16"].with_suffix(".tmp")
+        write_f16_target(tmp)
+        tmp.rename(paths["f16"])
+    for t in types:
+        if not paths[t].is_file():
+            log(f"quantizing {paths[t]}")
+            tmp = paths[t].with_suffix(".tmp")
+            quantize(paths["f16"], tmp, FTYPES[t], threads)
+            tmp.rename(paths[t])
+    return {t: paths[t] for t in types}
+
+
+# ----------------------------------------------------------------------------------------------
+# worker processes (one per weight type and variant): timed decodes on request
+# ----------------------------------------------------------------------------------------------
+
+PREFIX = 64  # tokens in the KV cache before every timed decode
+
+
+def worker_main(model_path: str, threads: int) -> int:
+    """Serve timing requests on stdin/stdout: one JSON line in, one JSON line out."""
+    from mtp_bindings import Model
+
+    model = Model(model_path)
+    ctx = model.create_context(n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=threads)
+    rng = np.random.default_rng(SEED)
+    tokens = rng.integers(10, 1000, size=512).astype(np.int32)
+
+    def prefix() -> None:  # one token at a time: a build that cannot decode batches still starts
+        ctx.seq_rm(0, 0, -1)
+        for i in range(PREFIX):
+            ctx.decode(tokens[i:i + 1], pos=i, logits="none")
+
+    prefix()
+    print(json.dumps({"ready": True, "n_vocab": model.n_vocab}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req["cmd"] == "quit":
+            break
+        n = int(req["n"])
+        if req["cmd"] == "decode":  # n tokens after the prefix, logits for all of them
+            ctx.seq_rm(0, PREFIX, -1)
+            t0 = time.perf_counter()
+            ctx.decode(tokens[PREFIX:PREFIX + n], pos=PREFIX, logits="all")
+            dt = time.perf_counter() - t0
+            out: dict[str, Any] = {"ms": dt * 1e3}
+            if req.get("logits"):
+                out["logits"] = ctx.get_logits_all().tolist()
+        elif req["cmd"] == "pp":  # prompt processing: n tokens from position 0, last logits
+            ctx.seq_rm(0, 0, -1)
+            t0 = time.perf_counter()
+            ctx.decode(tokens[:n], pos=0, logits="last")
+            dt = time.perf_counter() - t0
+            prefix()
+            out = {"ms": dt * 1e3}
+        else:
+            out = {"error": f"unknown command {req['cmd']!r}"}
+        print(json.dumps(out), flush=True)
+    ctx.close()
+    model.close()
+    return 0
+
+
+def _variant_env(libdir: str) -> dict[str, str]:
+    env = dict(os.environ)
+    if libdir:
+        lib = Path(libdir) / "libggml-cpu.so"
+        if not lib.exists():
+            raise SystemExit(f"--variant: {lib} does not exist")
+        env["LD_PRELOAD"] = str(lib.resolve())
+    return env
+
+
+class Worker:
+    def __init__(self, model: Path, threads: int, libdir: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "_worker", str(model), str(threads)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_variant_env(libdir))
+        ready = self._read()
+        if not ready.get("ready"):
+            raise RuntimeError(f"worker for {model} failed to start: {ready}")
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker exited with {self.proc.wait()}")
+        return json.loads(line)
+
+    def ask(self, **req: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        try:
+            self.ask(cmd="quit")
+        except (RuntimeError, BrokenPipeError, json.JSONDecodeError):
+            pass
+        self.proc.wait(timeout=60)
+
+    def exit_reason(self) -> str:
+        return _exit_reason(self.proc.wait(timeout=60))
+
+
+def measure_decode(models: dict[str, Path], variants: dict[str, str], ns: Sequence[int], threads: int,
+                   rounds: int, pp: int) -> dict[str, Any]:
+    """Per weight type: median ms of decode(n) and of pp per variant, all interleaved in rounds.
+    A configuration that crashes a variant's worker is recorded as such (and not retried); the
+    worker is restarted for the others."""
+    out: dict[str, Any] = {}
+    for wtype, path in models.items():
+        log(f"decode: {wtype} ({', '.join(variants)})")
+        workers = {name: Worker(path, threads, libdir) for name, libdir in variants.items()}
+        crashed: dict[str, dict[str, str]] = {v: {} for v in variants}
+
+        def timed(v: str, cmd: str, n: int) -> float | None:
+            key = str(n) if cmd == "decode" else f"pp{n}"
+            if key in crashed[v]:
+                return None
+            try:
+                return float(workers[v].ask(cmd=cmd, n=n)["ms"])
+            except (RuntimeError, BrokenPipeError):
+                crashed[v][key] = workers[v].exit_reason()
+                log(f"{wtype} {v}: {cmd} of {n} tokens {crashed[v][key]}")
+                workers[v] = Worker(path, threads, variants[v])
+                return None
+
+        try:
+            for v in variants:  # warm-up: page in the weights, first-call allocations
+                for n in ns:
+                    timed(v, "decode", n)
+                if pp:
+                    timed(v, "pp", pp)
+            ms: dict[str, dict[str, list[float]]] = {v: {str(n): [] for n in ns} for v in variants}
+            pp_ms: dict[str, list[float]] = {v: [] for v in variants}
+            names = list(variants)
+            for r in range(rounds):
+                order = [(v, n) for n in ns for v in (names if r % 2 == 0 else names[::-1])]
+                k = (r * 5) % len(order)
+                for v, n in order[k:] + order[:k]:
+                    t = timed(v, "decode", n)
+                    if t is not None:
+                        ms[v][str(n)].append(t)
+                if pp:
+                    for v in (names if r % 2 == 0 else names[::-1]):
+                        t = timed(v, "pp", pp)
+                        if t is not None:
+                            pp_ms[v].append(t)
+        finally:
+            for w in workers.values():
+                w.close()
+        entry: dict[str, Any] = {}
+        for v in variants:
+            med = {n: (statistics.median(x) if x else None) for n, x in ms[v].items()}
+            entry[v] = {
+                "decode_ms": med,
+                "decode_min_ms": {n: (min(x) if x else None) for n, x in ms[v].items()},
+                "ratio_to_n1": _ratios(med),
+                "decode_ms_all": ms[v],
+            }
+            if pp:
+                entry[v]["pp_ms"] = statistics.median(pp_ms[v]) if pp_ms[v] else None
+                entry[v]["pp_ms_all"] = pp_ms[v]
+            if crashed[v]:
+                entry[v]["crashed"] = crashed[v]
+        out[wtype] = entry
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# ggml alone: bench/mulmat_bench.c
+# ----------------------------------------------------------------------------------------------
+
+
+def _ratios(ms: dict[str, float | None]) -> dict[str, float | None]:
+    base = ms.get("1")
+    return {n: (None if v is None or not base else v / base) for n, v in ms.items()}
+
+
+def build_c_tool(out_dir: Path) -> Path:
+    from mtp_bindings.low_level import include_dir, library_dir
+
+    exe = out_dir / "mulmat_bench"
+    if exe.exists() and exe.stat().st_mtime >= C_TOOL.stat().st_mtime:
+        return exe
+    cc = os.environ.get("CC", "cc")
+    cmd = [cc, "-O2", "-std=c11", str(C_TOOL), f"-I{include_dir()}", f"-L{library_dir()}",
+           f"-Wl,-rpath,{library_dir()}", "-lggml", "-lggml-base", "-lggml-cpu", "-lm", "-o", str(exe)]
+    subprocess.run(cmd, check=True)
+    return exe
+
+
+def run_c_tool(exe: Path, wtype: str, shapes: Sequence[tuple[int, int]], ns: Sequence[int], threads: int,
+               rounds: int, libdir: str = "", check: bool = False, plain: bool = False) -> dict[str, Any]:
+    cmd = [str(exe), "--type", wtype, "--n", ",".join(map(str, ns)), "--threads", str(threads),
+           "--rounds", str(rounds)]
+    for rows, cols in shapes:
+        cmd += ["--shape", f"{rows}x{cols}"]
+    if check:
+        cmd.append("--check")
+    if plain:
+        cmd.append("--plain")
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_variant_env(libdir))
+    if res.returncode in (0, 1):
+        data = json.loads(res.stdout)
+        data["ok"] = res.returncode == 0
+        return data
+    if len(ns) == 1:  # this configuration crashes: say so, and go on with the others
+        why = _exit_reason(res.returncode)
+        log(f"{wtype} n={ns[0]} {libdir or 'package'}: mulmat_bench {why}")
+        return {"results": [{"rows": r, "cols": c, "n": ns[0], "buft": "?", "ms": [], "crashed": why}
+                            for r, c in shapes], "ok": False}
+    parts = [run_c_tool(exe, wtype, shapes, [n], threads, rounds, libdir, check, plain) for n in ns]
+    return {"results": [r for p in parts for r in p["results"]], "ok": all(p["ok"] for p in parts)}
+
+
+def _exit_reason(rc: int) -> str:
+    import signal
+
+    if rc < 0:
+        try:
+            return f"crashed ({signal.Signals(-rc).name})"
+        except ValueError:
+            return f"crashed (signal {-rc})"
+    return f"failed (exit {rc})"
+
+
+def measure_ggml(exe: Path, types: Sequence[str], variants: dict[str, str], ns: Sequence[int], threads: int,
+                 rounds: int, repeats: int) -> dict[str, Any]:
+    """Per weight type and distinct shape: median ms of W x X[n] per variant (processes alternated)."""
+    shapes = [(s["rows"], s["cols"]) for s in distinct_shapes()]
+    out: dict[str, Any] = {}
+    for wtype in types:
+        log(f"ggml: {wtype} ({', '.join(variants)})")
+        runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+        names = list(variants)
+        for rep in range(repeats):
+            for v in (names if rep % 2 == 0 else names[::-1]):
+                runs[v].append(run_c_tool(exe, wtype, shapes, ns, threads, rounds, variants[v]))
+        entry: dict[str, Any] = {}
+        for v in variants:
+            per_shape: dict[str, Any] = {}
+            crashed: dict[str, str] = {}
+            for s in distinct_shapes():
+                key = f"{s['rows']}x{s['cols']}"
+                ms: dict[str, float | None] = {}
+                for n in ns:
+                    rs = [r for run in runs[v] for r in run["results"]
+                          if r["rows"] == s["rows"] and r["cols"] == s["cols"] and r["n"] == n]
+                    xs = [x for r in rs for x in r["ms"]]
+                    ms[str(n)] = statistics.median(xs) if xs else None
+                    for r in rs:
+                        if "crashed" in r:
+                            crashed[str(n)] = r["crashed"]
+                buft = next((r["buft"] for run in runs[v] for r in run["results"]
+                             if r["rows"] == s["rows"] and r["cols"] == s["cols"] and r["buft"] != "?"), "?")
+                per_shape[key] = {"rows": s["rows"], "cols": s["cols"], "count": s["count"], "names": s["names"],
+                                  "buft": buft, "ms": ms, "ratio_to_n1": _ratios(ms)}
+            # one decode's worth of matrix products: every shape weighted by how often it occurs
+            total = {str(n): (None if any(p["ms"][str(n)] is None for p in per_shape.values())
+                              else sum(p["ms"][str(n)] * p["count"] for p in per_shape.values())) for n in ns}
+            entry[v] = {"shapes": per_shape, "sum_ms": total, "sum_ratio_to_n1": _ratios(total)}
+            if crashed:
+                entry[v]["crashed"] = crashed
+        out[wtype] = entry
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# report
+# ----------------------------------------------------------------------------------------------
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sec = result["decode_scaling"]
+    types = list(sec.get("decode", sec.get("ggml", {})))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    markers = {"f16": "o", "q8_0": "s", "q4_K": "^"}
+    for ax, kind, title in ((axes[0], "decode", "llama_decode (Python API)"),
+                            (axes[1], "ggml", "ggml matrix products of one decode (sum)")):
+        data = sec.get(kind)
+        if not data:
+            ax.set_visible(False)
+            continue
+        for t in types:
+            for v, entry in data[t].items():
+                ratios = entry["ratio_to_n1"] if kind == "decode" else entry["sum_ratio_to_n1"]
+                ns = [int(n) for n in ratios if ratios[n] is not None]
+                if len(ns) < 2:
+                    continue
+                ax.plot(ns, [ratios[str(n)] for n in ns], marker=markers.get(t, "o"),
+                        linestyle="-" if v == list(data[t])[-1] else "--", label=f"{t} {v}")
+        ax.axhline(1.3, color="grey", linewidth=0.8, linestyle=":")
+        ax.set_xlabel("tokens per decode (n)")
+        ax.set_ylabel("time / time(n=1)")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    meta = sec["meta"]
+    fig.suptitle(f"Gemma 4 E2B width, random weights, {meta['threads']} threads, {meta['cpu']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def table(result: dict[str, Any]) -> str:
+    sec = result["decode_scaling"]
+    lines = []
+    if "decode" in sec:
+        lines.append("decode (Python API): median ms at n=1, ratio t(n)/t(1) for n=2..8, pp512 ms")
+        for t, entry in sec["decode"].items():
+            for v, e in entry.items():
+                r = e["ratio_to_n1"]
+                pp = f"  pp{sec['meta']['pp']}={_fmt(e.get('pp_ms'), '.0f')}" if "pp_ms" in e else ""
+                lines.append(f"  {t:5s} {v:16s} n1={_fmt(e['decode_ms']['1'], '7.1f')}  " +
+                             " ".join(_fmt(r[n], ".2f") for n in r if n != "1") + pp)
+    if "ggml" in sec:
+        lines.append("ggml alone (sum over one decode's products): ms at n=1, ratios for n=2..8")
+        for t, entry in sec["ggml"].items():
+            for v, e in entry.items():
+                r = e["sum_ratio_to_n1"]
+                lines.append(f"  {t:5s} {v:16s} n1={_fmt(e['sum_ms']['1'], '7.2f')}  " +
+                             " ".join(_fmt(r[n], ".2f") for n in r if n != "1"))
+    lines.append("(x: crashed)")
+    return "\n".join(lines)
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "x" if v is None else format(v, spec)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", nargs="*", default=["decode", "ggml"], choices=["build", "decode", "ggml"],
+                   help="what to run (default: decode and ggml; both build the models first)")
+    p.add_argument("--types", nargs="+", default=list(TYPES), choices=TYPES)
+    p.add_argument("--n-max", type=int, default=8)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=7, help="decode: interleaved rounds (default 7)")
+    p.add_argument("--pp", type=int, default=512, help="prompt-processing length timed too (0: none)")
+    p.add_argument("--ggml-rounds", type=int, default=5)
+    p.add_argument("--ggml-repeats", type=int, default=2, help="processes per variant, alternated")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=LIBDIR",
+                   help="compare libggml-cpu.so builds (LIBDIR empty: the package's own)")
+    p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"model files (default {DEFAULT_CACHE})")
+    p.add_argument("--out", type=Path, default=RESULTS / "decode_scaling.json")
+    p.add_argument("--plot", type=Path, default=RESULTS / "decode_scaling.png")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "_worker":
+        return worker_main(sys.argv[2], int(sys.argv[3]))
+    args = parse_args(argv)
+    variants: dict[str, str] = {}
+    for spec in args.variant or ["package="]:
+        name, _, libdir = spec.partition("=")
+        variants[name] = libdir
+    ns = list(range(1, args.n_max + 1))
+    models = build_models(args.cache, args.types, args.threads)
+    if args.what == ["build"]:
+        return 0
+
+    result: dict[str, Any] = {}
+    if args.out.exists():
+        try:
+            result = json.loads(args.out.read_text())
+        except json.JSONDecodeError:
+            result = {}
+    sec: dict[str, Any] = {
+        "meta": {
+            "cpu": _cpu_name(), "cores": os.cpu_count(), "threads": args.threads, "pp": args.pp,
+            "rounds": args.rounds, "variants": variants, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "python": platform.python_version(),
+            "model": {"hidden": HIDDEN, "ffn": FFN, "heads": N_HEAD, "kv_heads": N_HEAD_KV,
+                      "head_dim": HEAD_DIM_SWA, "global_head_dim": HEAD_DIM_FULL, "window": SLIDING_WINDOW,
+                      "vocab": VOCAB, "layers": ["S" if s else "F" for s in LAYERS]},
+            "note": "medians of interleaved runs; ratios within one process; the machine may be shared",
+        },
+        "shapes": distinct_shapes(),
+    }
+    if "decode" in args.what:
+        sec["decode"] = measure_decode(models, variants, ns, args.threads, args.rounds, args.pp)
+    if "ggml" in args.what:
+        exe = build_c_tool(args.cache)
+        sec["ggml"] = measure_ggml(exe, args.types, variants, ns, args.threads, args.ggml_rounds, args.ggml_repeats)
+    result["decode_scaling"] = sec
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result))
+    if args.plot:
+        plot(result, args.plot)
+        log(f"wrote {args.out} and {args.plot}")
+    return 0
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
