@@ -108,6 +108,38 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_chat(args: argparse.Namespace) -> int:
+    """Interactive chat on stdin/stdout: one line per user turn; /reset clears, /quit (or EOF) ends."""
+    with _load(args) as model, _context(model, args) as ctx:
+        messages: list[dict[str, str]] = []
+        if args.system:
+            messages.append({"role": "system", "content": args.system})
+        kwargs = _gen_kwargs(args)
+        interactive = sys.stdin.isatty()
+        while True:
+            if interactive:
+                print("> ", end="", flush=True)
+            line = sys.stdin.readline()
+            if not line or line.strip() == "/quit":
+                return 0
+            if line.strip() == "/reset":
+                messages = messages[:1] if args.system else []
+                continue
+            if not line.strip():
+                continue
+            messages.append({"role": "user", "content": line.rstrip("\n")})
+            reply, stats = [], None
+            for piece in model.chat(messages, context=ctx, stream=True, **kwargs):
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+                reply.append(str(piece))
+                stats = piece.stats or stats
+            print()
+            if stats is not None and args.stats:
+                print(_stats_line("mtp" if model.has_assistant else "plain", stats), file=sys.stderr)
+            messages.append({"role": "assistant", "content": "".join(reply)})
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """The README's main job: the bundled trained pair, with and without MTP, side by side."""
     from .model import Model
@@ -202,6 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--prompt", required=True, help="the prompt text")
     p.add_argument("--json", action="store_true", help="print text, token ids and stats as one JSON object")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("chat", help="interactive chat with the GGUF's chat template (stdin/stdout)")
+    _add_model_args(p)
+    _add_sampling_args(p)
+    p.add_argument("--system", default=None, help="a system message")
+    p.add_argument("--stats", action="store_true", help="print tokens/s and acceptance after each reply")
+    p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("convert", help="convert a Hugging Face Gemma 4 target or assistant to GGUF")
     p.add_argument("hf_dir", type=Path, help="directory with config.json + safetensors (+ tokenizer)")
