@@ -136,8 +136,8 @@ class Model:
         params = lib.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.vocab_only = bool(vocab_only)
-        if not use_mmap and hasattr(lib, "LLAMA_LOAD_MODE_READ"):
-            params.load_mode = lib.LLAMA_LOAD_MODE_READ
+        if not use_mmap:
+            params.load_mode = lib.LLAMA_LOAD_MODE_NONE  # read into memory instead of mapping
         return params
 
     # --- lifetime -------------------------------------------------------------------------------
