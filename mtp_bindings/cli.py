@@ -217,6 +217,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_relayout(args: argparse.Namespace) -> int:
+    from .gguf_tools import to_design_layout
+
+    print(f"wrote {to_design_layout(args.file, args.outfile)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mtp-bindings", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -279,6 +286,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", type=Path)
     p.add_argument("--target", type=Path, default=None, help="check MTP compatibility with this target")
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("relayout", help="rewrite an upstream-layout assistant GGUF in the design doc's layout")
+    p.add_argument("file", type=Path)
+    p.add_argument("outfile", type=Path)
+    p.set_defaults(func=cmd_relayout)
 
     p = sub.add_parser("verify-assistant", help="check an assistant GGUF's shapes, dtypes and metadata")
     p.add_argument("file", type=Path)

@@ -105,7 +105,7 @@ def verify_assistant(path: str | os.PathLike[str], target: str | os.PathLike[str
     pre_name, post_name, cent_name, ord_name = LAYOUT_TENSORS[s.arch]
 
     n_embd = s.key("embedding_length")
-    n_bb = s.key("embedding_length_out") or s.key("embedding_length_backbone")
+    n_bb = s.key("embedding_length_out") or s.key("n_embd_backbone")
     n_layer = s.key("block_count")
     for what, v in (("embedding_length", n_embd), ("embedding_length_out (backbone width)", n_bb),
                     ("block_count", n_layer)):
@@ -150,10 +150,10 @@ def verify_assistant(path: str | os.PathLike[str], target: str | os.PathLike[str
             problems.append(f"tensor {ord_name} has shape {list(order[1])}, expected [{n_vocab}] (n_vocab)")
         if n_cent and n_vocab and n_vocab % n_cent:
             problems.append(f"n_vocab {n_vocab} is not divisible by n_centroids {n_cent}")
-        meta_c = s.key("num_centroids")
+        meta_c = s.key("num_centroids", s.key("n_centroids"))
         if meta_c is not None and meta_c != n_cent:
             problems.append(f"metadata {s.arch}.num_centroids = {meta_c} but {cent_name} has {n_cent} centroids")
-        top_k = s.key("centroid_intermediate_top_k")
+        top_k = s.key("centroid_intermediate_top_k", s.key("centroid_top_k"))
         if top_k is not None and n_cent and not 1 <= top_k <= n_cent:
             problems.append(f"metadata {s.arch}.centroid_intermediate_top_k = {top_k} is outside 1..{n_cent}")
 
@@ -171,6 +171,61 @@ def verify_assistant(path: str | os.PathLike[str], target: str | os.PathLike[str
         if t_emb and n_vocab is not None and len(t_emb[1]) == 2 and abs(t_emb[1][1] - n_vocab) > 128:
             problems.append(f"vocabulary sizes differ too much: assistant {n_vocab}, target {t_emb[1][1]}")
     return problems
+
+
+def rewrite_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, arch: str | None = None,
+                 rename_tensors: dict[str, str] | None = None, drop_tensors: set[str] | frozenset[str] = frozenset(),
+                 retype: dict[str, Any] | None = None, rename_keys: dict[str, str] | None = None,
+                 drop_keys: set[str] | frozenset[str] = frozenset(), add_keys: dict[str, Any] | None = None) -> Path:
+    """Copy a GGUF with tensors/keys renamed, dropped or retyped (same tensor data otherwise).
+
+    Keys are renamed after the architecture prefix is switched (``<old arch>.`` -> ``<arch>.``)."""
+    gguf = _gguf()
+    reader = gguf.GGUFReader(str(src))
+    old_arch = str(reader.fields["general.architecture"].contents())
+    new_arch = arch or old_arch
+    writer = gguf.GGUFWriter(str(dst), new_arch)
+    for name, f in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name in drop_keys:
+            continue
+        key = new_arch + name[len(old_arch):] if name.startswith(old_arch + ".") else name
+        key = (rename_keys or {}).get(key, key)
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, f.contents(), f.types[0], sub)
+    for key, (value, vtype) in (add_keys or {}).items():
+        writer.add_key_value(key, value, vtype)
+    for t in reader.tensors:
+        if t.name in drop_tensors:
+            continue
+        data = np.array(t.data)
+        if retype and t.name in retype:
+            data = data.astype(retype[t.name])
+        raw_shape = [int(x) for x in reversed(t.shape)] if data.dtype == np.uint8 else None
+        writer.add_tensor((rename_tensors or {}).get(t.name, t.name), data, raw_shape=raw_shape,
+                          raw_dtype=t.tensor_type if raw_shape else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(dst)
+
+
+def to_design_layout(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
+    """Rewrite an upstream-layout assistant (``gemma4-assistant``, ``nextn.*``) in the design doc's
+    layout (``gemma4_assistant``, ``mtp.*``, I32 ``mtp.token_ordering.weight``); same weights."""
+    s = read_summary(src)
+    if s.arch != UPSTREAM_ARCH:
+        raise ModelLoadError(f"{src} is not an upstream-layout assistant (architecture {s.arch!r})")
+    gguf = _gguf()
+    up, design = LAYOUT_TENSORS[UPSTREAM_ARCH], LAYOUT_TENSORS[DESIGN_ARCH]
+    centroid = up[2] in s.tensors
+    add = {f"{DESIGN_ARCH}.n_embd_backbone": (int(s.key("embedding_length_out")), gguf.GGUFValueType.UINT32),
+           f"{DESIGN_ARCH}.use_ordered_embeddings": (centroid, gguf.GGUFValueType.BOOL)}
+    rename_keys = {f"{DESIGN_ARCH}.num_centroids": f"{DESIGN_ARCH}.n_centroids",
+                   f"{DESIGN_ARCH}.centroid_intermediate_top_k": f"{DESIGN_ARCH}.centroid_top_k"}
+    return rewrite_gguf(src, dst, arch=DESIGN_ARCH, rename_tensors=dict(zip(up, design)), rename_keys=rename_keys,
+                        drop_keys={f"{UPSTREAM_ARCH}.embedding_length_out", f"{UPSTREAM_ARCH}.nextn_predict_layers"},
+                        add_keys=add)
 
 
 def describe(path: str | os.PathLike[str], target: str | os.PathLike[str] | None = None) -> str:

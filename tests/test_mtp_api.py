@@ -18,6 +18,7 @@ from mtp_bindings import (
     MTPError,
     NoAssistantError,
 )
+from mtp_bindings.gguf_tools import rewrite_gguf, to_design_layout, verify_assistant
 from mtp_bindings.low_level import ffi, lib
 from mtp_bindings.mtp import graph_stats
 
@@ -102,40 +103,13 @@ def test_truncated_assistant_is_refused(tmp_path):
         assert e.value.code == -2 and not m.has_assistant
 
 
-def _rewrite_gguf(src, dst, *, drop=(), retype=None, kv_drop=()):
-    """Copy a GGUF, dropping tensors / metadata keys or changing a tensor's dtype."""
-    from mtp_bindings.gguf_tools import _gguf
-
-    gguf = _gguf()
-    reader = gguf.GGUFReader(str(src))
-    arch = reader.fields["general.architecture"].contents()
-    writer = gguf.GGUFWriter(str(dst), arch)
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture" or name in kv_drop:
-            continue
-        writer.add_key_value(name, field.contents(), field.types[0],
-                             field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None)
-    for t in reader.tensors:
-        if t.name in drop:
-            continue
-        data = np.array(t.data)
-        if retype and t.name in retype:
-            data = data.astype(retype[t.name])
-        writer.add_tensor(t.name, data, raw_shape=list(reversed([int(x) for x in t.shape])) if data.dtype == np.uint8 else None)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
-
-
 @pytest.mark.parametrize("change", ["float_ordering", "missing_ordering"])
 def test_malformed_centroid_heads_are_refused(tmp_path, change):
     src = fixture_path("centroid-assistant.gguf")
     if change == "float_ordering":
-        bad = _rewrite_gguf(src, tmp_path / "a.gguf", retype={"masked_embd_ordering": np.float32})
+        bad = rewrite_gguf(src, tmp_path / "a.gguf", retype={"masked_embd_ordering": np.float32})
     else:
-        bad = _rewrite_gguf(src, tmp_path / "a.gguf", drop={"masked_embd_ordering"})
+        bad = rewrite_gguf(src, tmp_path / "a.gguf", drop_tensors={"masked_embd_ordering"})
     with Model(fixture_path("dense-target.gguf")) as m:
         with pytest.raises(AssistantLoadError, match="cannot attach"):
             m.attach_assistant(bad)
@@ -143,9 +117,23 @@ def test_malformed_centroid_heads_are_refused(tmp_path, change):
 
 
 def test_rewriting_a_gguf_unchanged_still_attaches(tmp_path):
-    same = _rewrite_gguf(fixture_path("centroid-assistant.gguf"), tmp_path / "same.gguf")
+    same = rewrite_gguf(fixture_path("centroid-assistant.gguf"), tmp_path / "same.gguf")
     with Model(fixture_path("dense-target.gguf"), assistant=same) as m:
         assert m.has_assistant
+
+
+@pytest.mark.parametrize("name", ["dense", "centroid"])
+def test_design_doc_layout_drafts_bit_identically_to_the_upstream_layout(tmp_path, name):
+    target, assistant = PAIRS[name]
+    design = to_design_layout(fixture_path(assistant), tmp_path / "design.gguf")
+    assert verify_assistant(design, fixture_path(target)) == []
+    results = []
+    for path in (fixture_path(assistant), design):
+        with Model(fixture_path(target), assistant=path) as m, m.create_context(n_ctx=128, embeddings=True) as ctx:
+            tok, h, attn_pos = _prefill(m, ctx, [2, 50, 60, 70, 80])
+            results.append(ctx.decode_mtp(attn_pos=attn_pos, last_token=tok, h_prev=h, n_steps=5, return_logits=True))
+    (d0, h0, l0), (d1, h1, l1) = results
+    assert d0.tolist() == d1.tolist() and np.array_equal(h0, h1) and np.array_equal(l0, l1)
 
 
 # --- drafting -------------------------------------------------------------------------------
