@@ -35,6 +35,7 @@ An empty LIBDIR means the package's own libraries.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -67,6 +68,21 @@ LAYERS = (True, True, True, False)  # sliding-window pattern: [S, S, S, F]
 TYPES = ("f16", "q8_0", "q4_K")
 FTYPES = {"f16": 1, "q8_0": 7, "q4_K": 14}  # llama_ftype: MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_Q4_K_S (pure)
 SEED = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Dims:
+    """Widths of a Gemma 4 target (defaults: E2B's)."""
+
+    hidden: int = HIDDEN
+    ffn: int = FFN
+    heads: int = N_HEAD
+    kv_heads: int = N_HEAD_KV
+    head_dim: int = HEAD_DIM_SWA
+    global_head_dim: int = HEAD_DIM_FULL
+    window: int = SLIDING_WINDOW
+    vocab: int = VOCAB
+    layers: tuple[bool, ...] = LAYERS  # sliding-window pattern
 
 
 def log(msg: str) -> None:
@@ -114,8 +130,8 @@ def distinct_shapes() -> list[dict[str, Any]]:
     return list(seen.values())
 
 
-def _tokenizer_kv(gguf: Any) -> list[tuple[str, Any, Any, Any]]:
-    """The fixture tokenizer's key/values, with the vocabulary padded to VOCAB unused tokens."""
+def _tokenizer_kv(gguf: Any, vocab: int) -> list[tuple[str, Any, Any, Any]]:
+    """The fixture tokenizer's key/values, with the vocabulary padded to ``vocab`` with unused tokens."""
     reader = gguf.GGUFReader(TOKENIZER_SOURCE)
     out = []
     for key, field in reader.fields.items():
@@ -124,7 +140,7 @@ def _tokenizer_kv(gguf: Any) -> list[tuple[str, Any, Any, Any]]:
         value = field.contents()
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        n_pad = VOCAB - len(value) if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores",
+        n_pad = vocab - len(value) if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores",
                                               "tokenizer.ggml.token_type") else 0
         if key == "tokenizer.ggml.tokens":
             value = list(value) + [f"<unused{i}>" for i in range(n_pad)]
@@ -136,64 +152,64 @@ def _tokenizer_kv(gguf: Any) -> list[tuple[str, Any, Any, Any]]:
     return out
 
 
-def write_f16_target(path: Path) -> None:
-    """Write the random f16 target (tensor by tensor, so memory stays at one tensor)."""
+def write_f16_target(path: Path, dims: Dims = Dims(), seed: int = SEED) -> None:
+    """Write a random f16 target (tensor by tensor, so memory stays at one tensor)."""
     gguf = _gguf()
     arch = "gemma4"
     w = gguf.GGUFWriter(path, arch)
     w.add_name("Decode scaling target (E2B width, random)")
-    w.add_uint32(f"{arch}.block_count", len(LAYERS))
+    w.add_uint32(f"{arch}.block_count", len(dims.layers))
     w.add_uint32(f"{arch}.context_length", 4096)
-    w.add_uint32(f"{arch}.embedding_length", HIDDEN)
-    w.add_uint32(f"{arch}.feed_forward_length", FFN)
-    w.add_uint32(f"{arch}.attention.head_count", N_HEAD)
-    w.add_uint32(f"{arch}.attention.head_count_kv", N_HEAD_KV)
+    w.add_uint32(f"{arch}.embedding_length", dims.hidden)
+    w.add_uint32(f"{arch}.feed_forward_length", dims.ffn)
+    w.add_uint32(f"{arch}.attention.head_count", dims.heads)
+    w.add_uint32(f"{arch}.attention.head_count_kv", dims.kv_heads)
     w.add_float32(f"{arch}.rope.freq_base", 1_000_000.0)
     w.add_float32(f"{arch}.rope.freq_base_swa", 10_000.0)
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
-    w.add_uint32(f"{arch}.attention.key_length", HEAD_DIM_FULL)
-    w.add_uint32(f"{arch}.attention.value_length", HEAD_DIM_FULL)
-    w.add_uint32(f"{arch}.attention.key_length_swa", HEAD_DIM_SWA)
-    w.add_uint32(f"{arch}.attention.value_length_swa", HEAD_DIM_SWA)
+    w.add_uint32(f"{arch}.attention.key_length", dims.global_head_dim)
+    w.add_uint32(f"{arch}.attention.value_length", dims.global_head_dim)
+    w.add_uint32(f"{arch}.attention.key_length_swa", dims.head_dim)
+    w.add_uint32(f"{arch}.attention.value_length_swa", dims.head_dim)
     w.add_uint32("general.file_type", FTYPES["f16"])
     w.add_float32(f"{arch}.final_logit_softcapping", 30.0)
-    w.add_uint32(f"{arch}.attention.sliding_window", SLIDING_WINDOW)
+    w.add_uint32(f"{arch}.attention.sliding_window", dims.window)
     w.add_uint32(f"{arch}.attention.shared_kv_layers", 0)
     w.add_uint32(f"{arch}.embedding_length_per_layer_input", 0)
-    w.add_array(f"{arch}.attention.sliding_window_pattern", list(LAYERS))
-    w.add_uint32(f"{arch}.rope.dimension_count", HEAD_DIM_FULL)
-    w.add_uint32(f"{arch}.rope.dimension_count_swa", HEAD_DIM_SWA)
+    w.add_array(f"{arch}.attention.sliding_window_pattern", list(dims.layers))
+    w.add_uint32(f"{arch}.rope.dimension_count", dims.global_head_dim)
+    w.add_uint32(f"{arch}.rope.dimension_count_swa", dims.head_dim)
     w.add_uint32("general.quantization_version", 2)
-    for key, value, vtype, sub in _tokenizer_kv(gguf):
+    for key, value, vtype, sub in _tokenizer_kv(gguf, dims.vocab):
         w.add_key_value(key, value, vtype, sub_type=sub)
 
-    rng = np.random.default_rng(SEED)
-    n_rot = HEAD_DIM_FULL // 8  # proportional rope, partial_rotary_factor 0.25
+    rng = np.random.default_rng(seed)
+    n_rot = dims.global_head_dim // 8  # proportional rope, partial_rotary_factor 0.25
     tensors: list[tuple[str, tuple[int, ...], Any]] = [
-        ("rope_freqs.weight", (HEAD_DIM_FULL // 2,),
-         lambda: np.array([1.0] * n_rot + [1e30] * (HEAD_DIM_FULL // 2 - n_rot), dtype=np.float32)),
-        ("token_embd.weight", (VOCAB, HIDDEN), None),
+        ("rope_freqs.weight", (dims.global_head_dim // 2,),
+         lambda: np.array([1.0] * n_rot + [1e30] * (dims.global_head_dim // 2 - n_rot), dtype=np.float32)),
+        ("token_embd.weight", (dims.vocab, dims.hidden), None),
     ]
-    for i, swa in enumerate(LAYERS):
-        hd = HEAD_DIM_SWA if swa else HEAD_DIM_FULL
+    for i, swa in enumerate(dims.layers):
+        hd = dims.head_dim if swa else dims.global_head_dim
         ones = (lambda n: (lambda: np.ones(n, dtype=np.float32)))
         tensors += [
-            (f"blk.{i}.attn_norm.weight", (HIDDEN,), ones(HIDDEN)),
+            (f"blk.{i}.attn_norm.weight", (dims.hidden,), ones(dims.hidden)),
             (f"blk.{i}.layer_output_scale.weight", (1,), ones(1)),
-            (f"blk.{i}.ffn_down.weight", (HIDDEN, FFN), None),
-            (f"blk.{i}.ffn_gate.weight", (FFN, HIDDEN), None),
-            (f"blk.{i}.ffn_up.weight", (FFN, HIDDEN), None),
-            (f"blk.{i}.post_attention_norm.weight", (HIDDEN,), ones(HIDDEN)),
-            (f"blk.{i}.post_ffw_norm.weight", (HIDDEN,), ones(HIDDEN)),
-            (f"blk.{i}.ffn_norm.weight", (HIDDEN,), ones(HIDDEN)),
+            (f"blk.{i}.ffn_down.weight", (dims.hidden, dims.ffn), None),
+            (f"blk.{i}.ffn_gate.weight", (dims.ffn, dims.hidden), None),
+            (f"blk.{i}.ffn_up.weight", (dims.ffn, dims.hidden), None),
+            (f"blk.{i}.post_attention_norm.weight", (dims.hidden,), ones(dims.hidden)),
+            (f"blk.{i}.post_ffw_norm.weight", (dims.hidden,), ones(dims.hidden)),
+            (f"blk.{i}.ffn_norm.weight", (dims.hidden,), ones(dims.hidden)),
             (f"blk.{i}.attn_k_norm.weight", (hd,), ones(hd)),
-            (f"blk.{i}.attn_k.weight", (N_HEAD_KV * hd, HIDDEN), None),
-            (f"blk.{i}.attn_output.weight", (HIDDEN, N_HEAD * hd), None),
+            (f"blk.{i}.attn_k.weight", (dims.kv_heads * hd, dims.hidden), None),
+            (f"blk.{i}.attn_output.weight", (dims.hidden, dims.heads * hd), None),
             (f"blk.{i}.attn_q_norm.weight", (hd,), ones(hd)),
-            (f"blk.{i}.attn_q.weight", (N_HEAD * hd, HIDDEN), None),
-            (f"blk.{i}.attn_v.weight", (N_HEAD_KV * hd, HIDDEN), None),
+            (f"blk.{i}.attn_q.weight", (dims.heads * hd, dims.hidden), None),
+            (f"blk.{i}.attn_v.weight", (dims.kv_heads * hd, dims.hidden), None),
         ]
-    tensors.append(("output_norm.weight", (HIDDEN,), lambda: np.ones(HIDDEN, dtype=np.float32)))
+    tensors.append(("output_norm.weight", (dims.hidden,), lambda: np.ones(dims.hidden, dtype=np.float32)))
 
     def matrix(shape: tuple[int, ...]) -> np.ndarray:
         out = np.empty(shape, dtype=np.float16)
