@@ -94,7 +94,7 @@ def test_chat_answers_each_line_of_stdin():
 def test_convert_reproduces_the_fixture_gguf(tmp_path):
     pytest.importorskip("torch", reason="conversion needs torch (pip install torch)")
     out = tmp_path / "dense-target.gguf"
-    r = run("convert", str(fixture_path("hf/dense-target")), str(out), "--outtype", "f32")
+    r = run("convert", str(fixture_path("dense-target.gguf").parent / "hf" / "dense-target"), str(out), "--outtype", "f32")
     assert r.returncode == 0, r.stderr
     assert out.read_bytes() == fixture_path("dense-target.gguf").read_bytes()
 
