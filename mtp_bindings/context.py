@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 import numpy as np
 
 from . import _native
+from ._handle import NativeHandle
 from ._native import ffi, lib
 from .exceptions import ContextError, ContextOverflowError, DecodeError, InvalidParameterError
 
@@ -106,9 +107,12 @@ class ContextParams:
         return p
 
 
-class Context:
+class Context(NativeHandle):
     """An inference context. Create it with :meth:`Model.create_context`; close it (or use
     ``with``) to free its native memory."""
+
+    closed_error = ContextError
+    kind = "context"
 
     def __init__(self, model: Model, params: ContextParams | None = None, **kwargs: Any) -> None:
         self._ptr = ffi.NULL
@@ -150,39 +154,12 @@ class Context:
 
     # --- lifetime -------------------------------------------------------------------------------
 
-    @property
-    def ptr(self) -> Any:
-        """The native ``llama_context *`` (expert use)."""
-        if self._ptr == ffi.NULL:
-            raise ContextError("the context is closed")
-        return self._ptr
-
-    @property
-    def closed(self) -> bool:
-        return self._ptr == ffi.NULL
-
-    def close(self) -> None:
-        """Free the context (draining any MTP request in flight first). Idempotent."""
-        with self._lock:
-            if self._ptr == ffi.NULL:
-                return
-            if self._mtp_state is not None:
-                self._mtp_state.discard()
-            lib.llama_batch_free(self._batch)
-            lib.llama_free(self._ptr)
-            self._ptr = ffi.NULL
-
-    def __enter__(self) -> Context:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+    def _free(self) -> None:
+        """Drain any MTP request in flight, then free the batch and the context."""
+        if self._mtp_state is not None:
+            self._mtp_state.discard()
+        lib.llama_batch_free(self._batch)
+        lib.llama_free(self._ptr)
 
     # --- settings -------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _native
+from ._handle import NativeHandle
 from ._native import ffi, lib
 from .exceptions import (
     ContextError,
@@ -72,7 +73,7 @@ def _tqdm_progress(desc: str) -> ProgressCallback:
     return update
 
 
-class Model:
+class Model(NativeHandle):
     """A GGUF model loaded with llama.cpp.
 
     >>> with Model("target.gguf", assistant="assistant.gguf") as model:
@@ -88,6 +89,9 @@ class Model:
             for a progress bar.
         verbose: forward llama.cpp's log lines to the ``mtp_bindings.native`` logger.
     """
+
+    closed_error = ModelLoadError
+    kind = "model"
 
     def __init__(
         self,
@@ -142,38 +146,11 @@ class Model:
 
     # --- lifetime -------------------------------------------------------------------------------
 
-    @property
-    def ptr(self) -> Any:
-        """The native ``llama_model *`` (expert use; see :mod:`mtp_bindings.low_level`)."""
-        if self._ptr == ffi.NULL:
-            raise ModelLoadError("the model is closed")
-        return self._ptr
-
-    @property
-    def closed(self) -> bool:
-        return self._ptr == ffi.NULL
-
-    def close(self) -> None:
-        """Free the native model (and first every context still open on it). Idempotent."""
-        with self._lock:
-            if self._ptr == ffi.NULL:
-                return
-            for ctx in list(self._contexts):
-                ctx.close()
-            lib.llama_model_free(self._ptr)
-            self._ptr = ffi.NULL
-
-    def __enter__(self) -> Model:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+    def _free(self) -> None:
+        """Close every context still open on the model, then free it."""
+        for ctx in list(self._contexts):
+            ctx.close()
+        lib.llama_model_free(self._ptr)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{self.arch}, {self.n_layer} layers, n_embd {self.n_embd}"
