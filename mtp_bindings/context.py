@@ -261,6 +261,18 @@ class Context(NativeHandle):
             return np.stack([self.get_logits(i) for i in range(self.n_outputs)]) if self.n_outputs else \
                 np.zeros((0, self._n_vocab), dtype=np.float32)
 
+    def logits_view(self, i: int = -1) -> np.ndarray:
+        """Logits of output row ``i`` as a read-only view of llama.cpp's buffer: no copy (a verify
+        round reads a few full-vocab rows), valid only until the next decode."""
+        with self._lock:
+            i = self._check_output(i)
+            ptr = lib.llama_get_logits_ith(self.ptr, i)
+            if ptr == ffi.NULL:
+                raise DecodeError(f"no logits for output {i}")
+            view = np.frombuffer(ffi.buffer(ptr, self._n_vocab * 4), dtype=np.float32)
+            view.flags.writeable = False
+            return view
+
     def get_embeddings(self, i: int = -1) -> np.ndarray:
         """Hidden state of output row ``i`` of the last decode (needs embeddings on)."""
         with self._lock:

@@ -262,6 +262,7 @@ class DriverOptions:
     depth2: bool = True
     skip_streak: int = 0
     h_idx: str = "accepted"  # "last" reproduces the design's regression (tests only)
+    ignore_eos: bool = False
 
     def validate(self) -> None:
         if isinstance(self.draft_n_max, bool) or not isinstance(self.draft_n_max, int) or not 0 <= self.draft_n_max <= 16:
@@ -283,20 +284,28 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
     drafting = opts.draft_n_max > 0 and model.has_assistant
     drafter: Drafter = MTPDrafter(ctx, seq_id, opts.depth2) if drafting else NoDrafter()
     skip = SkipStreak(opts.skip_streak)
-    ctx.set_embeddings(drafting)
     history = list(prompt)
     n_ctx = ctx.n_ctx
     try:
         t0 = time.perf_counter()
         ctx.seq_rm(seq_id, 0, -1)
-        ctx.decode(history, pos=0, seq_id=seq_id)
+        # with embeddings on llama.cpp outputs every row of a batch: only the last prompt token's h
+        # is needed, so the rest of the prompt is processed without them
+        if drafting and len(history) > 1:
+            ctx.set_embeddings(False)
+            ctx.decode(history[:-1], pos=0, seq_id=seq_id, logits="none")
+            ctx.set_embeddings(True)
+            ctx.decode(history[-1:], pos=len(history) - 1, seq_id=seq_id)
+        else:
+            ctx.set_embeddings(drafting)
+            ctx.decode(history, pos=0, seq_id=seq_id)
         stats.t_prompt = time.perf_counter() - t0
         t = time.perf_counter()
-        x = sampler.sample(ctx.get_logits(-1), history)
+        x = sampler.sample(ctx.logits_view(-1), history)
         stats.t_sample += time.perf_counter() - t
         h = ctx.get_embeddings(-1) if drafting else None
         attn_pos = len(history) - 1
-        if model.is_eog(x):
+        if model.is_eog(x) and not opts.ignore_eos:
             stats.hit_eog = True
             return
         history.append(x)
@@ -328,7 +337,7 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
             t = time.perf_counter()
             batch = [x] + drafts
             ctx.decode(batch, pos=attn_pos + 1, seq_id=seq_id, logits="all")
-            rows = ctx.get_logits_all()
+            rows = [ctx.logits_view(i) for i in range(len(batch))]  # no copies: read before the next decode
             stats.t_verify += time.perf_counter() - t
 
             t = time.perf_counter()
@@ -346,7 +355,7 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
                 tracer.event(event="mtp_accept", iter=it, n_accepted=n_acc, n_drafted_prev=len(drafts))
             it += 1
 
-            eog = next((i for i, tok in enumerate(accepted) if model.is_eog(tok)), None)
+            eog = None if opts.ignore_eos else next((i for i, tok in enumerate(accepted) if model.is_eog(tok)), None)
             if eog is not None:
                 accepted = accepted[:eog]
             history.extend(accepted)
@@ -493,6 +502,7 @@ def generate(
     add_special: bool = True,
     parse_special: bool = False,
     h_idx: str = "accepted",
+    ignore_eos: bool = False,
 ) -> GenerationResult | Iterator[TextPiece]:
     """Generate a continuation of ``prompt`` (text or token ids).
 
@@ -507,7 +517,8 @@ def generate(
 
     Returns a :class:`GenerationResult`, or with ``stream=True`` an iterator of
     :class:`TextPiece` whose last item carries the stats. ``cancel()`` returning True stops the
-    generation (finish_reason ``cancelled``); so does closing the stream.
+    generation (finish_reason ``cancelled``); so does closing the stream. ``ignore_eos`` keeps
+    generating through end-of-generation tokens (benchmarks, load tests).
     """
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
         raise InvalidParameterError(f"max_tokens must be a non-negative int, got {max_tokens!r}")
@@ -519,6 +530,9 @@ def generate(
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if not all(isinstance(s, str) for s in stops):
         raise InvalidParameterError("stop must be a string or a list of strings")
+    if logit_bias and any(isinstance(t, int) and not 0 <= t < model.n_vocab for t in logit_bias):
+        raise InvalidParameterError(f"logit_bias token ids must be in [0, {model.n_vocab})")
+    opts.ignore_eos = bool(ignore_eos)
     if isinstance(prompt, str):
         tokens = model.tokenize(prompt, add_special=add_special, parse_special=parse_special)
     else:

@@ -224,3 +224,19 @@ def test_end_of_generation_token_stops_with_mtp(trained):
     spec = model.generate(PROMPTS[0], max_tokens=60, draft_n_max=3, context=ctx, logit_bias={eos: bias})
     assert spec.tokens == plain.tokens and spec.finish_reason == "stop"
     assert eos not in spec.tokens and spec.stats.hit_eog
+
+
+def test_ignore_eos_generates_through_end_of_generation(trained):
+    model, ctx = trained
+    eos = model.token_eos
+    stopped = model.generate(PROMPTS[0], max_tokens=40, draft_n_max=2, context=ctx, logit_bias={eos: 30.0})
+    assert stopped.finish_reason == "stop" and len(stopped.tokens) < 40
+    r = model.generate(PROMPTS[0], max_tokens=40, draft_n_max=2, context=ctx, logit_bias={eos: 30.0}, ignore_eos=True)
+    assert len(r.tokens) == 40 and r.finish_reason == "length"
+
+
+def test_logit_bias_outside_the_vocabulary_is_refused(trained):
+    from mtp_bindings import InvalidParameterError
+    model, ctx = trained
+    with pytest.raises(InvalidParameterError, match="logit_bias"):
+        model.generate(PROMPTS[0], max_tokens=4, context=ctx, logit_bias={model.n_vocab + 5: 1.0})
