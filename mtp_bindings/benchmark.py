@@ -655,6 +655,31 @@ def identity_check(samples: Sequence[Sample]) -> list[dict[str, Any]]:
     return out
 
 
+def round_breakdown(samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where our in-process time per round goes (from ``GenerationStats``, medians over runs):
+    drafting (submit/wait), verifying (target decode + logits read back), sampling/verifying on
+    the host, and the rest of the loop (KV rollback, bookkeeping, text assembly)."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for s in samples:
+        if s["part"] == "inproc" and s["run"] >= 0 and s["system"].startswith("ours") and s["extra"].get("n_rounds"):
+            groups.setdefault((s["kv"], s["n_out"], s["temp"], s["system"]), []).append(s)
+    rows = []
+    for (kv, n_out, temp, system), ss in sorted(groups.items()):
+        def per_round(fn: Callable[[dict[str, Any]], float]) -> float:
+            return median([fn(x) / x["extra"]["n_rounds"] for x in ss]) * 1e6
+
+        gen = lambda x: x["wall_s"] - x["extra"]["t_prompt"]  # noqa: E731
+        rows.append({"kv": kv, "n_out": n_out, "temp": temp, "system": system,
+                     "round_us": per_round(gen),
+                     "draft_us": per_round(lambda x: x["extra"]["t_draft"]),
+                     "verify_us": per_round(lambda x: x["extra"]["t_verify"]),
+                     "sample_us": per_round(lambda x: x["extra"]["t_sample"]),
+                     "other_us": per_round(lambda x: gen(x) - x["extra"]["t_draft"] - x["extra"]["t_verify"]
+                                           - x["extra"]["t_sample"]),
+                     "tokens_per_round": median([(x["n_generated"] - 1) / x["extra"]["n_rounds"] for x in ss])})
+    return rows
+
+
 def noise_summary(rows: Sequence[dict[str, Any]], meter: dict[str, Any]) -> dict[str, Any]:
     spreads = [r["spread"] for r in rows if r["runs"] > 1 and not math.isnan(r["spread"])]
     return {**meter, "median_spread": median(spreads) if spreads else None,
@@ -1031,15 +1056,21 @@ def profile_driver(model: Any, prompt_ids: list[int], *, threads: int, n_out: in
 _PYSPY_SCRIPT = """
 import sys, time
 from mtp_bindings import Model
-target, assistant, threads, n_out, draft_n, seconds, prompt = sys.argv[1:8]
+target, assistant, threads, n_out, draft_n, seconds, prompt, stats_path = sys.argv[1:9]
 m = Model(target, assistant=assistant)
 ctx = m.create_context(n_ctx=2048, n_threads=int(threads), flash_attn="off", embeddings=True)
 ids = m.tokenize(prompt)
 bias = {t: -100.0 for t in range(m.n_vocab) if m.is_eog(t)}
 m.generate(ids, context=ctx, max_tokens=16, draft_n_max=int(draft_n))
 t_end = time.perf_counter() + float(seconds)
+rounds = 0
+gen_s = 0.0
 while time.perf_counter() < t_end:
-    m.generate(ids, context=ctx, max_tokens=int(n_out), draft_n_max=int(draft_n), depth2=True, logit_bias=bias)
+    r = m.generate(ids, context=ctx, max_tokens=int(n_out), draft_n_max=int(draft_n), depth2=True, logit_bias=bias)
+    rounds += r.stats.n_rounds
+    gen_s += r.stats.t_total
+import json
+open(stats_path, "w").write(json.dumps({"rounds": rounds, "gen_s": gen_s}))
 """
 
 _NATIVE_LINE = re.compile(r"\blib\.\w+\(|self\._(?:async|wait|sync)\(")
@@ -1058,9 +1089,12 @@ def py_spy_driver_profile(target: Path, assistant: Path, *, threads: int, n_out:
     script = out_dir / "_pyspy_driver.py"
     script.write_text(_PYSPY_SCRIPT)
     raw = out_dir / "driver_pyspy.txt"
+    stats_path = out_dir / "_pyspy_stats.json"
+    rate = 1000
     try:
-        subprocess.run([exe, "record", "-r", "1000", "-f", "raw", "-o", str(raw), "--", sys.executable, str(script),
-                        str(target), str(assistant), str(threads), str(n_out), str(draft_n), str(seconds), prompt],
+        subprocess.run([exe, "record", "-r", str(rate), "-f", "raw", "-o", str(raw), "--", sys.executable, str(script),
+                        str(target), str(assistant), str(threads), str(n_out), str(draft_n), str(seconds), prompt,
+                        str(stats_path)],
                        check=True, timeout=seconds * 10 + 120, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        cwd=tempfile.gettempdir())
     except (subprocess.SubprocessError, OSError) as e:
@@ -1071,6 +1105,7 @@ def py_spy_driver_profile(target: Path, assistant: Path, *, threads: int, n_out:
     frame_re = re.compile(r"^(.*) \((.*):(\d+)\)$")
     total = native = 0
     leaves: dict[str, int] = {}
+    by_fn: dict[str, int] = {}
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
@@ -1091,11 +1126,24 @@ def py_spy_driver_profile(target: Path, assistant: Path, *, threads: int, n_out:
             continue
         key = f"{frames[-1]}: {src[:80]}"
         leaves[key] = leaves.get(key, 0) + n
+        # the binding/driver function this Python time belongs to: the deepest mtp_bindings frame
+        owner = next((f.split(" (")[0] for f in reversed(frames) if "mtp_bindings/" in f), "?")
+        by_fn[owner] = by_fn.get(owner, 0) + n
     raw.unlink(missing_ok=True)
+    try:
+        st = json.loads(stats_path.read_text())
+        stats_path.unlink()
+    except (OSError, ValueError):
+        st = {}
     if not total:
         return None
+    rounds = st.get("rounds") or 0
+    us_per_round = (lambda n: n / rate / rounds * 1e6) if rounds else (lambda n: None)
     top = sorted(leaves.items(), key=lambda kv: -kv[1])[:20]
+    fns = sorted(by_fn.items(), key=lambda kv: -kv[1])[:15]
     return {"samples": total, "native_share": native / total, "python_share": 1 - native / total,
+            "rounds": rounds, "python_us_per_round": us_per_round(total - native),
+            "by_function": [{"function": k, "share_of_loop": v / total, "us_per_round": us_per_round(v)} for k, v in fns],
             "top_python_lines": [{"line": k, "share_of_loop": v / total} for k, v in top],
             "note": "py-spy samples of the Python thread inside the generation loop; native = a line calling "
                     "libllama through cffi (decode, MTP submit/wait, logits/embeddings reads, seq_rm, ...)"}
@@ -1192,11 +1240,11 @@ def measure_verify(model: Any, *, threads: int, n_prompt: int, ns: Sequence[int]
 
 def measure_prompt_processing(target: Path, assistant: Path, *, threads: int, n_prompt: int, rounds: int,
                               seed: int = 4) -> dict[str, Any]:
-    """Ours: tokens/s of one ``n_prompt``-token prompt decode, interleaved: the model without an
-    assistant; with the assistant attached and embeddings on, as the driver decodes the prompt for
-    MTP (``set_embeddings(True)`` then one decode: llama.cpp then outputs *every* prompt row, logits
-    included); and, for comparison, with the assistant but embeddings only for the last token (the
-    prompt but its last token decoded with embeddings off, then the last token alone)."""
+    """Ours: prompt-processing tokens/s of an ``n_prompt``-token prompt, interleaved, as the driver
+    does it (``GenerationStats.t_prompt`` of ``generate(max_tokens=1)``): the model without an
+    assistant vs with the assistant attached and drafting on; and, for reference, one decode of the
+    whole prompt with embeddings on (llama.cpp then outputs every prompt row, logits included:
+    what the driver did before it decoded all but the last prompt token without embeddings)."""
     from .model import Model
 
     rng = np.random.default_rng(seed)
@@ -1206,21 +1254,19 @@ def measure_prompt_processing(target: Path, assistant: Path, *, threads: int, n_
     kw = dict(n_ctx=n_prompt + 64, n_batch=n_prompt, n_ubatch=n_prompt, n_threads=threads, flash_attn="off")
     ctxs = {"without assistant": plain.create_context(**kw),
             "with assistant": mtp.create_context(**kw, embeddings=True),
-            "with assistant, h of the last token only": mtp.create_context(**kw)}
+            "with assistant, embeddings on for the whole prompt": mtp.create_context(**kw, embeddings=True)}
 
     def one(k: str) -> float:
         ctx = ctxs[k]
-        ctx.clear()
-        t0 = time.perf_counter()
-        if k.endswith("only"):
-            ctx.set_embeddings(False)
-            ctx.decode(toks[:-1], pos=0, logits="none")
-            ctx.set_embeddings(True)
-            ctx.decode(toks[-1:], pos=n_prompt - 1)
-            ctx.get_embeddings(-1)
-        else:
+        if k.endswith("whole prompt"):
+            ctx.clear()
+            t0 = time.perf_counter()
             ctx.decode(toks, pos=0)
-        return time.perf_counter() - t0
+            ctx.get_embeddings(-1)
+            return time.perf_counter() - t0
+        model = plain if k == "without assistant" else mtp
+        r = model.generate(toks, context=ctx, max_tokens=1, draft_n_max=0 if model is plain else 2)
+        return r.stats.t_prompt
 
     for k in ctxs:
         one(k)
@@ -1236,7 +1282,8 @@ def measure_prompt_processing(target: Path, assistant: Path, *, threads: int, n_
     tps = {k: n_prompt / median(v) for k, v in times.items()}
     return {"n_prompt": n_prompt, "tokens_per_s": tps, "tokens_per_s_all": {k: [n_prompt / t for t in v] for k, v in times.items()},
             "ratio_with_vs_without": tps["with assistant"] / tps["without assistant"],
-            "ratio_last_only_vs_without": tps["with assistant, h of the last token only"] / tps["without assistant"]}
+            "ratio_whole_prompt_embeddings_vs_without": tps["with assistant, embeddings on for the whole prompt"]
+            / tps["without assistant"]}
 
 
 _STATS_RE = re.compile(r"statistics\s+draft-mtp: #calls\(b,g,a\) =\s*(\d+)\s+(\d+)\s+(\d+), #gen drafts =\s*(\d+), "
@@ -1651,10 +1698,11 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                         "measured": f"{best:.0f}..{worst:.0f} us per round", "met": worst <= 30})
         pp = cost.get("pp_ours", {})
         if pp:
-            lo = pp.get("ratio_last_only_vs_without")
-            out.append({"target": "prompt processing with an assistant attached >= 0.95x without (ours)",
-                        "measured": f"{pp['ratio_with_vs_without']:.3f}x as the driver decodes prompts (embeddings on: every "
-                                    "row output)" + (f"; {lo:.3f}x with embeddings for the last token only" if lo else ""),
+            wp = pp.get("ratio_whole_prompt_embeddings_vs_without")
+            out.append({"target": "prompt processing with an assistant attached >= 0.95x without (ours, E2B shape)",
+                        "measured": f"{pp['ratio_with_vs_without']:.3f}x through the driver"
+                                    + (f" ({wp:.3f}x with the whole prompt decoded with embeddings on, the driver's way "
+                                       "before 2e620ae)" if wp else ""),
                         "met": pp["ratio_with_vs_without"] >= 0.95})
         upp = cost.get("upstream", {}).get("pp", {})
         if upp:
@@ -1676,6 +1724,9 @@ def write_report(result: dict[str, Any], out_dir: Path) -> Path:
              f"{result['machine']['cpu']} ({result['machine']['cores']} cores), {cfg['threads']} threads per system, "
              f"{cfg['runs']} runs a cell, started {result['started']}; target `{Path(cfg['target']).name}`, "
              f"assistant `{Path(cfg['assistant']).name}`; prompt {len(result.get('inproc', {}).get('prompt_ids', []))} tokens.",
+             "", f"Source checkout `{result.get('git_head') or '?'}` (installed package), OMP_WAIT_POLICY="
+             f"{result.get('omp_wait_policy') or 'unset'}, niceness {cfg.get('nice', 0):+d}; wall time "
+             f"{result.get('wall_s', 0) / 60:.1f} min.",
              "", "Reproduce: `" + result["command"] + "`", ""]
     tg = result.get("targets", [])
     if tg:
@@ -1702,6 +1753,18 @@ def write_report(result: dict[str, Any], out_dir: Path) -> Path:
                       f"{_fmt((nz.get('max_spread') or 0) * 100, 0)}% (max-min over median of a cell's runs); "
                       f"other processes used {nz['others_cores']:.2f} of {nz['cores']} cores on average, load average "
                       f"{nz['loadavg_min']:.1f}..{nz['loadavg_max']:.1f}; wall {nz['wall_s']:.0f} s.", ""]
+    bd = round_breakdown(result.get("samples", []))
+    if bd:
+        lines += ["## Where our time per round goes (in process, medians over runs; microseconds per round)", "",
+                  "draft = MTP submit + wait (depth2 on: only the wait that was not overlapped); verify = target decode "
+                  "of [last] + drafts and reading its logits; sample = host-side sampling/verification; other = the rest "
+                  "of the loop (KV rollback, hidden state read, bookkeeping, text assembly).", "",
+                  "| KV | out | temp | system | round | draft | verify | sample | other | tokens/round |",
+                  "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+        for r in bd:
+            lines.append(f"| {r['kv']} | {r['n_out']} | {r['temp']} | {r['system']} | {r['round_us']:.0f} | {r['draft_us']:.0f} | "
+                         f"{r['verify_us']:.0f} | {r['sample_us']:.0f} | {r['other_us']:.0f} | {r['tokens_per_round']:.2f} |")
+        lines.append("")
     drv = result.get("driver")
     if drv:
         lines += ["## Python driver time per round (round wall time minus time inside native calls)", "",
@@ -1720,6 +1783,13 @@ def write_report(result: dict[str, Any], out_dir: Path) -> Path:
                       "| share | frame: source |", "|---:|---|"]
             lines += [f"| {x['share_of_loop'] * 100:.1f}% | `{x['line']}` |" for x in ps["top_python_lines"][:15]]
             lines.append("")
+            if ps.get("by_function"):
+                lines += [f"The same Python time by the binding/driver function it belongs to ({ps['rounds']} rounds sampled; "
+                          f"{_fmt(ps.get('python_us_per_round'), 0)} us of Python per round in all):", "",
+                          "| function | share of the loop | us per round |", "|---|---:|---:|"]
+                lines += [f"| `{x['function']}` | {x['share_of_loop'] * 100:.1f}% | {_fmt(x['us_per_round'], 1)} |"
+                          for x in ps["by_function"]]
+                lines.append("")
         prof = drv.get("profile")
         if prof:
             lines += ["Profile of MTP generation (cProfile, top by self time):", "",
@@ -1741,18 +1811,27 @@ def write_report(result: dict[str, Any], out_dir: Path) -> Path:
         v = tc["verify"]
         lines += ["", "Target decode of n tokens (ms, best round; with logits read back): " +
                   ", ".join(f"{n}: {v['ms'][n]:.3f} ({v['ms_with_readback'][n]:.3f})" for n in v["ms"]), ""]
+        omp = [r for r in tc.get("omp_policy", []) if "error" not in r]
+        if omp:
+            keys = [k for k in omp[0] if k not in ("policy", "threads")]
+            lines += ["Small-graph latency (ms, best of 200) by OMP_WAIT_POLICY and threads -- the price of the passive "
+                      "policy the matrix runs with (libgomp's barriers sleep instead of spinning):", "",
+                      "| policy | threads | " + " | ".join(keys) + " |", "|---|---:|" + "---:|" * len(keys)]
+            lines += [f"| {r['policy']} | {r['threads']} | " + " | ".join(f"{r[k]:.3f}" for k in keys) + " |" for r in omp]
+            lines.append("")
     cost = result.get("cost")
     if cost:
         lines += _cost_report(cost)
     sp = result.get("speedup")
     if sp:
         lines += ["## Expected vs measured speedup", "", sp["formula"], "",
-                  "| model | draft_n | acceptance a | E tokens/round (Leviathan) | measured tokens/round | c = t_draft/T_v(1) | "
-                  "Leviathan S | S with T_v(k+1) + driver | measured S (depth2 on / off) |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| model | draft_n | acceptance a | E i.i.d. | E measured | c = t_d/T_v(1) | Leviathan S | "
+                  "S (E i.i.d., T_v(k+1), driver) | S (E measured, T_v(k+1), driver) | measured S (depth2 on / off) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in sp["rows"]:
             lines.append(f"| {r['model']} | {r['k']} | {_fmt(r['a'], 3)} | {_fmt(r['E_iid'], 2)} | {_fmt(r['E_measured'], 2)} | "
                          f"{_fmt(r['c'], 3)} | {_fmt(r['leviathan'], 2)} | {_fmt(r['with_verify_and_driver'], 2)} | "
+                         f"{_fmt(r.get('with_measured_E'), 2)} | "
                          f"{_fmt(r.get('measured_d2'), 2)} / {_fmt(r.get('measured_sync'), 2)} |")
         lines.append("")
     if result.get("plots"):
@@ -1807,11 +1886,12 @@ def _cost_report(cost: dict[str, Any]) -> list[str]:
                   f"sampling, {b['upstream_backend_topk10']:,} with its default backend top-k sampling ({b['note']}).", ""]
     pp, upp = cost.get("pp_ours"), cost.get("upstream", {}).get("pp")
     if pp:
-        lo = pp["tokens_per_s"].get("with assistant, h of the last token only")
-        lines += [f"Prompt processing ({pp['n_prompt']} tokens), tokens/s: ours without assistant "
-                  f"{pp['tokens_per_s']['without assistant']:.1f}, with {pp['tokens_per_s']['with assistant']:.1f} "
-                  f"(ratio {pp['ratio_with_vs_without']:.3f}; embeddings on makes llama.cpp output every prompt row"
-                  + (f"; with embeddings for the last token only: {lo:.1f}, ratio {pp['ratio_last_only_vs_without']:.3f}" if lo else "")
+        wp = pp["tokens_per_s"].get("with assistant, embeddings on for the whole prompt")
+        lines += [f"Prompt processing ({pp['n_prompt']} tokens, the driver's `t_prompt`), tokens/s: ours without assistant "
+                  f"{pp['tokens_per_s']['without assistant']:.1f}, with the assistant and drafting on "
+                  f"{pp['tokens_per_s']['with assistant']:.1f} (ratio {pp['ratio_with_vs_without']:.3f}"
+                  + (f"; one decode of the whole prompt with embeddings on, as the driver did before commit 2e620ae: "
+                     f"{wp:.1f}, ratio {pp['ratio_whole_prompt_embeddings_vs_without']:.3f}" if wp else "")
                   + ")" +
                   (f"; upstream without -md {upp['tokens_per_s']['without assistant']:.1f}, with "
                    f"{upp['tokens_per_s']['with assistant']:.1f} (ratio {upp['ratio_with_vs_without']:.3f})" if upp else "") + ".", ""]
@@ -1939,7 +2019,8 @@ def make_plots(result: dict[str, Any], out_dir: Path) -> list[str]:
             if not rr:
                 continue
             ks = [r["k"] for r in rr]
-            ax.plot(ks, [r["with_verify_and_driver"] for r in rr], marker="o", color=c, label=f"{model}: expected")
+            ax.plot(ks, [r.get("with_measured_E") or r["with_verify_and_driver"] for r in rr], marker="o", color=c,
+                    label=f"{model}: expected")
             ax.plot(ks, [r["leviathan"] for r in rr], marker="x", color=c, linestyle=":", label=f"{model}: Leviathan")
             meas = [(r["k"], r["measured_d2"]) for r in rr if r.get("measured_d2") is not None]
             if meas:
@@ -1960,6 +2041,49 @@ def make_plots(result: dict[str, Any], out_dir: Path) -> list[str]:
 # the run
 # ================================================================================================
 
+_OMP_AB_SCRIPT = """
+import json, sys, time
+from mtp_bindings import Model
+m = Model(sys.argv[1], assistant=sys.argv[2])
+ctx = m.create_context(n_ctx=1024, n_threads=int(sys.argv[3]), flash_attn="off", embeddings=True)
+ctx.decode(list(range(10, 42)), pos=0)
+h = ctx.get_embeddings(-1)
+def best(f, n=200):
+    f()
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter(); f(); ts.append(time.perf_counter() - t0)
+    ts.sort()
+    return ts[0] * 1e3
+def dec1():
+    ctx.seq_rm(0, 32, -1); ctx.decode([11], pos=32)
+def dec3():
+    ctx.seq_rm(0, 32, -1); ctx.decode([11, 12, 13], pos=32, logits="all")
+r = {"decode 1 token": best(dec1), "decode 3 tokens": best(dec3)}
+ctx.seq_rm(0, 32, -1)
+r["draft 1 step"] = best(lambda: ctx.decode_mtp(attn_pos=31, last_token=12, h_prev=h, n_steps=1))
+r["draft 4 steps"] = best(lambda: ctx.decode_mtp(attn_pos=31, last_token=12, h_prev=h, n_steps=4))
+print("@@" + json.dumps(r))
+"""
+
+
+def omp_policy_ab(target: Path, assistant: Path, threads: int) -> list[dict[str, Any]]:
+    """Best-of-200 latency (ms) of small graphs under each OMP_WAIT_POLICY and 1 vs ``threads``
+    threads: what the passive policy used for the matrix costs when nothing else runs."""
+    rows = []
+    for policy in ("active", "passive"):
+        for nt in sorted({1, threads}):
+            env = {**os.environ, "OMP_WAIT_POLICY": policy}
+            try:
+                r = subprocess.run([sys.executable, "-c", _OMP_AB_SCRIPT, str(target), str(assistant), str(nt)],
+                                   capture_output=True, text=True, timeout=300, env=env, cwd=tempfile.gettempdir())
+                line = next((x for x in r.stdout.splitlines() if x.startswith("@@")), None)
+                rows.append({"policy": policy, "threads": nt, **(json.loads(line[2:]) if line else {"error": r.stderr[-300:]})})
+            except subprocess.SubprocessError as e:
+                rows.append({"policy": policy, "threads": nt, "error": str(e)})
+    return rows
+
+
 def _trained_costs(cfg: BenchConfig, log_dir: Path) -> dict[str, Any]:
     """Draft step and verify costs of the matrix's own pair (for its expected speedup), and
     upstream's draft time on it."""
@@ -1971,6 +2095,7 @@ def _trained_costs(cfg: BenchConfig, log_dir: Path) -> dict[str, Any]:
         v = measure_verify(m, threads=cfg.threads, n_prompt=32, ns=(1, 2, 3, 4, 5), rounds=max(cfg.cost_rounds, 5))
         prompt = m.tokenize(cfg.prompt)
     out = {"draft": d["dense"], "verify": v}
+    out["omp_policy"] = omp_policy_ab(cfg.target, cfg.assistant, cfg.threads)
     try:
         out["upstream_draft"] = upstream_draft_times(cfg, cfg.target, cfg.assistant, log_dir,
                                                      steps=cfg.draft_ns or (2,), prompt=prompt)
@@ -2002,27 +2127,47 @@ def speedup_table(result: dict[str, Any], cfg: BenchConfig) -> dict[str, Any]:
             models.append(("matrix pair", tc["draft"]["ms_per_step_slope"] / 1e3,
                            {int(n): ms / 1e3 for n, ms in tc["verify"]["ms_with_readback"].items()}, True))
         dd = (cost or {}).get("draft_ours", {})
-        for dk, vk, name in (("dense", "verify", "E2B dense head, repack (trained acceptance)"),
-                             ("centroid no-repack", "verify_no_repack", "E2B centroid head, no-repack (trained acceptance)")):
+        for dk, vk, name in (("dense", "verify", "E2B dense head, repack"),
+                             ("dense no-repack", "verify_no_repack", "E2B dense head, no-repack"),
+                             ("centroid no-repack", "verify_no_repack", "E2B centroid head, no-repack")):
             if dk in dd and cost.get(vk):
                 models.append((name, dd[dk]["ms_per_step_slope"] / 1e3,
                                {int(n): ms / 1e3 for n, ms in cost[vk]["ms_with_readback"].items()}, False))
+        drv_e2b: dict[str, float] = {}
+        for rr in (cost or {}).get("driver_e2b", {}).get("dense", []):
+            drv_e2b[rr["config"]] = rr["driver_us_per_round"] * 1e-6
         for name, td, tv, measured in models:
-            e = expected_speedup(a, k, max(td, 0.0), tv, t_driver_round=drv.get(("mtp depth2 on", k), 0.0) if measured else 0.0,
-                                 t_driver_plain=drv.get(("plain", 0), 0.0) if measured else 0.0)
+            t_round = drv.get(("mtp depth2 on", k), 0.0) if measured else drv_e2b.get("mtp depth2 on", 0.0)
+            t_plain = drv.get(("plain", 0), 0.0) if measured else drv_e2b.get("plain", 0.0)
+            e = expected_speedup(a, k, max(td, 0.0), tv, t_driver_round=t_round, t_driver_plain=t_plain)
+            em = expected_speedup(a, k, max(td, 0.0), tv, t_driver_round=t_round, t_driver_plain=t_plain,
+                                  tokens_per_round=d2["mean_tokens_per_round"]) if d2["mean_tokens_per_round"] else None
             row = {"model": name, "k": k, "a": a, "E_iid": e["E_tokens_per_round"], "E_measured": d2["mean_tokens_per_round"],
-                   "c": e["c"], "leviathan": e["leviathan"], "with_verify_and_driver": e["with_verify_and_driver"]}
+                   "c": e["c"], "leviathan": e["leviathan"], "with_verify_and_driver": e["with_verify_and_driver"],
+                   "with_measured_E": em["with_verify_and_driver"] if em else None}
             if measured:
                 row["measured_d2"] = d2["vs_ours_plain"]
                 row["measured_sync"] = sync["vs_ours_plain"] if sync else None
             out_rows.append(row)
-    formula = ("S(k) = E(k) * (T_v(1) + t_py,plain) / (k * t_d + T_v(k+1) + t_py,round), E(k) = (1 - a^(k+1)) / (1 - a) "
-               "(Leviathan et al., i.i.d. acceptance a = accepted/drafted measured at temperature 0, KV "
-               f"{kv}, {n_out} tokens, depth2 on); t_d = one draft step (slope of draft time over n_steps), T_v(n) = "
-               "target decode of n tokens with logits read back, t_py = the driver's own time per round (trained pair "
-               "only). 'Leviathan S' is their form E(k) / (k c + 1) with c = t_d / T_v(1) (verify cost flat in n, no "
-               "driver). Measured S = our tokens/s / our plain tokens/s in the same cell.")
+    formula = ("Expected speedup over plain decoding S(k) = E(k) * (T_v(1) + t_py,plain) / (k * t_d + T_v(k+1) + t_py,round), "
+               "with E(k) the expected tokens per round: Leviathan et al.'s E(k) = (1 - a^(k+1)) / (1 - a) for i.i.d. "
+               "acceptance a (= accepted/drafted, measured at temperature 0, KV "
+               f"{kv}, {n_out} tokens, depth2 on), or the measured tokens per round of that cell (acceptance here is "
+               "far from i.i.d.: repetitive text is accepted in runs); t_d = one draft step (slope of draft time over "
+               "n_steps, best rounds), T_v(n) = target decode of n tokens with the logits read back, t_py = the driver's "
+               "own time per round (matrix pair: measured per k; E2B: the k=2 figure). 'Leviathan S' is their own form "
+               "E(k) / (k c + 1), c = t_d / T_v(1) (verify cost flat in n, no driver). E2B rows use the matrix pair's "
+               "acceptance. Measured S = our tokens/s / our plain tokens/s in the same cell (median of runs).")
     return {"formula": formula, "rows": out_rows}
+
+
+def _git_head() -> str | None:
+    """The commit of the source checkout in the working directory, if any (what was installed)."""
+    try:
+        r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        return r.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def _sha1(path: Path) -> str | None:
@@ -2059,7 +2204,44 @@ def machine_info() -> dict[str, Any]:
 MATRIX_KEYS = ("inproc", "http", "samples", "driver", "trained_costs")
 
 
+def rerender(out_dir: Path) -> dict[str, Any]:
+    """Rewrite ``bench.md`` and the plots from ``bench.json`` (no measurement)."""
+    result = json.loads((out_dir / "bench.json").read_text())
+    c = result["config"]
+    cfg = BenchConfig(**{k: (Path(v) if k in ("target", "assistant", "out_dir", "cost_cache") else
+                             tuple(v) if isinstance(v, list) else v) for k, v in c.items() if k in BenchConfig.__dataclass_fields__})
+    cfg.out_dir = out_dir
+    result["speedup"] = speedup_table(result, cfg)
+    result["targets"] = targets(result)
+    if cfg.plots:
+        result["plots"] = make_plots(result, out_dir)
+    (out_dir / "bench.json").write_text(json.dumps(result, indent=1, default=str))
+    write_report(result, out_dir)
+    return result
+
+
+def package_fingerprint() -> dict[str, Any]:
+    """mtime + size of the installed package's native libraries and driver modules: the package
+    is rebuilt by others while benchmarks run; a change mid-run is reported."""
+    from . import low_level
+
+    out = {}
+    files = [*sorted(low_level.library_dir().glob("*.so")), llama_server_path(),
+             *(Path(low_level.__file__).parent / f for f in ("speculative.py", "context.py", "mtp.py", "sampling.py"))]
+    for f in files:
+        with contextlib.suppress(OSError):
+            st = f.stat()
+            out[f.name] = [int(st.st_mtime), st.st_size]
+    return out
+
+
 def _finish(result: dict[str, Any], cfg: BenchConfig, t0: float) -> None:
+    fp = package_fingerprint()
+    if result.get("package_fingerprint") and fp != result["package_fingerprint"]:
+        msg = "the installed package changed during this run (rebuilt by someone else): results mix two builds"
+        if msg not in result["errors"]:
+            result["errors"].append(msg)
+            log(msg)
     result["speedup"] = speedup_table(result, cfg)
     result["targets"] = targets(result)
     result["wall_s"] = time.perf_counter() - t0
@@ -2081,7 +2263,7 @@ def run(cfg: BenchConfig, command: str = "mtp-bindings bench") -> dict[str, Any]
         os.nice(cfg.nice)  # inherited by every server started below
     result: dict[str, Any] = {}
     prev_path = cfg.out_dir / "bench.json"
-    if set(cfg.parts) != {"inproc", "http", "cost"} and prev_path.is_file():
+    if not {"inproc", "http", "cost"} <= set(cfg.parts) and prev_path.is_file():
         with contextlib.suppress(ValueError, OSError):
             prev = json.loads(prev_path.read_text())
             keep = (MATRIX_KEYS if "inproc" not in cfg.parts else ()) + (("cost",) if "cost" not in cfg.parts else ())
@@ -2095,7 +2277,8 @@ def run(cfg: BenchConfig, command: str = "mtp-bindings bench") -> dict[str, Any]
     result.update({"config": cfg.to_json(), "machine": machine_info(), "command": command,
                    "omp_wait_policy": omp,
                    "model_sha1": {k: _sha1(getattr(cfg, k)) for k in ("target", "assistant")},
-                   "started": time.strftime("%Y-%m-%d %H:%M:%S"), "errors": [], "server_logs": str(log_dir)})
+                   "started": time.strftime("%Y-%m-%d %H:%M:%S"), "errors": [], "server_logs": str(log_dir),
+                   "package_fingerprint": package_fingerprint(), "git_head": _git_head()})
     t0 = time.perf_counter()
     from .model import Model
 
@@ -2111,6 +2294,7 @@ def run(cfg: BenchConfig, command: str = "mtp-bindings bench") -> dict[str, Any]
                             "noise": noise_summary(rows, info["noise"]), "prompt_ids": info["prompt_ids"]}
         result["samples"] = [_sample_json(s) for s in runner.samples]
         _finish(result, cfg, t0)
+    if {"inproc", "http", "driver"} & set(cfg.parts):
         log("driver: Python time per round on the trained pair")
         with Model(cfg.target, assistant=cfg.assistant) as m:
             prompt_ids = m.tokenize(cfg.prompt)
@@ -2121,7 +2305,7 @@ def run(cfg: BenchConfig, command: str = "mtp-bindings bench") -> dict[str, Any]
             if cfg.mode != "smoke":
                 result["driver"]["profile"] = profile_driver(m, prompt_ids, threads=cfg.threads, n_out=max(cfg.outputs),
                                                              draft_n=cfg.draft_ns[len(cfg.draft_ns) // 2] if cfg.draft_ns else 0,
-                                                             temp=0.0, out_path=cfg.out_dir / "driver.prof")
+                                                             temp=0.0, out_path=log_dir / "driver.prof")
         if cfg.pyspy_seconds > 0 and cfg.draft_ns:
             log("driver: py-spy profile of the generation loop")
             result["driver"]["pyspy"] = py_spy_driver_profile(
@@ -2154,7 +2338,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a few minutes: KV f16, 128 tokens, 2 runs")
     g.add_argument("--smoke", dest="mode", action="store_const", const="smoke", help="seconds (tests)")
     p.set_defaults(mode="full")
-    p.add_argument("--parts", default=None, help="comma list of inproc,http,cost (default: all)")
+    p.add_argument("--parts", default=None, help="comma list of inproc,http,cost,driver (default: inproc,http,cost; "
+                                                 "inproc and http include driver)")
     p.add_argument("-m", "--model", dest="target", type=Path, default=None, help="target GGUF (default: the bundled trained pair)")
     p.add_argument("-md", "--mtp-head", dest="assistant", type=Path, default=None, help="assistant GGUF")
     p.add_argument("-t", "--threads", type=int, default=None, help="threads per system (default 2)")
@@ -2163,6 +2348,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", dest="cost_cache", type=Path, default=None, help="random-weight models (default bench/.models)")
     p.add_argument("--prompt", default=None)
     p.add_argument("--no-plots", dest="plots", action="store_false", default=None)
+    p.add_argument("--report-only", action="store_true", help="rewrite bench.md and the plots from bench.json")
     p.add_argument("--omp-wait-policy", choices=["passive", "active", "default"], default="passive",
                    help="OMP_WAIT_POLICY for every system (default passive: on a shared 2-core machine libgomp's "
                         "spin-waiting turns any preemption into stalls of up to 50x; 'default' leaves it unset)")
@@ -2186,11 +2372,17 @@ def _reexec_with_omp_policy(policy: str) -> None:
 
 
 def main_args(args: argparse.Namespace, command: str) -> int:
+    if args.report_only:
+        out = args.out_dir or (Path("bench/results") / ("" if args.mode == "full" else args.mode))
+        rerender(out.resolve())
+        print((out / "bench.md").read_text())
+        return 0
     if args.omp_wait_policy:
         _reexec_with_omp_policy(args.omp_wait_policy)
     parts = tuple(x.strip() for x in args.parts.split(",")) if args.parts else None
-    if parts and not set(parts) <= {"inproc", "http", "cost"}:
-        raise SystemExit(f"--parts: unknown part in {args.parts!r} (inproc, http, cost)")
+    if parts and not set(parts) <= {"inproc", "http", "cost", "driver"}:
+        raise SystemExit(f"--parts: unknown part in {args.parts!r} (inproc, http, cost; driver: only the driver "
+                         "time, its profiles and the matrix pair's costs)")
     out_dir = args.out_dir
     if out_dir is None:
         out_dir = Path("bench/results") if Path("bench").is_dir() else Path("bench-results")
