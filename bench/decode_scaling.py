@@ -291,19 +291,22 @@ def worker_main(model_path: str, threads: int) -> int:
         n = int(req["n"])
         if req["cmd"] == "decode":  # n tokens after the prefix, logits for all of them
             ctx.seq_rm(0, PREFIX, -1)
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             ctx.decode(tokens[PREFIX:PREFIX + n], pos=PREFIX, logits="all")
-            dt = time.perf_counter() - t0
-            out: dict[str, Any] = {"ms": dt * 1e3}
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
+            out: dict[str, Any] = {"ms": dt * 1e3, "cpu_ms": dc * 1e3}
             if req.get("logits"):
                 out["logits"] = ctx.get_logits_all().tolist()
         elif req["cmd"] == "pp":  # prompt processing: n tokens from position 0, last logits
             ctx.seq_rm(0, 0, -1)
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             ctx.decode(tokens[:n], pos=0, logits="last")
-            dt = time.perf_counter() - t0
-            prefix()
-            out = {"ms": dt * 1e3}
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
+            if n >= PREFIX:
+                ctx.seq_rm(0, PREFIX, -1)  # the first PREFIX tokens are the prefix again
+            else:
+                prefix()
+            out = {"ms": dt * 1e3, "cpu_ms": dc * 1e3}
         else:
             out = {"error": f"unknown command {req['cmd']!r}"}
         print(json.dumps(out), flush=True)
@@ -312,8 +315,15 @@ def worker_main(model_path: str, threads: int) -> int:
     return 0
 
 
+OMP_WAIT_POLICY = "passive"  # set by --omp-wait
+
+
 def _variant_env(libdir: str) -> dict[str, str]:
     env = dict(os.environ)
+    if OMP_WAIT_POLICY:
+        # threads that wait at ggml's barriers (OpenMP) sleep instead of spinning: on a shared
+        # machine a spinning thread takes the core from the one it waits for
+        env["OMP_WAIT_POLICY"] = OMP_WAIT_POLICY
     if libdir:
         lib = Path(libdir) / "libggml-cpu.so"
         if not lib.exists():
@@ -366,12 +376,13 @@ def measure_decode(models: dict[str, Path], variants: dict[str, str], ns: Sequen
         workers = {name: Worker(path, threads, libdir) for name, libdir in variants.items()}
         crashed: dict[str, dict[str, str]] = {v: {} for v in variants}
 
-        def timed(v: str, cmd: str, n: int) -> float | None:
+        def timed(v: str, cmd: str, n: int) -> tuple[float, float] | None:
             key = str(n) if cmd == "decode" else f"pp{n}"
             if key in crashed[v]:
                 return None
             try:
-                return float(workers[v].ask(cmd=cmd, n=n)["ms"])
+                r = workers[v].ask(cmd=cmd, n=n)
+                return float(r["ms"]), float(r["cpu_ms"])
             except (RuntimeError, BrokenPipeError):
                 crashed[v][key] = workers[v].exit_reason()
                 log(f"{wtype} {v}: {cmd} of {n} tokens {crashed[v][key]}")
@@ -385,7 +396,9 @@ def measure_decode(models: dict[str, Path], variants: dict[str, str], ns: Sequen
                 if pp:
                     timed(v, "pp", pp)
             ms: dict[str, dict[str, list[float]]] = {v: {str(n): [] for n in ns} for v in variants}
+            cpu: dict[str, dict[str, list[float]]] = {v: {str(n): [] for n in ns} for v in variants}
             pp_ms: dict[str, list[float]] = {v: [] for v in variants}
+            pp_cpu: dict[str, list[float]] = {v: [] for v in variants}
             names = list(variants)
             for r in range(rounds):
                 order = [(v, n) for n in ns for v in (names if r % 2 == 0 else names[::-1])]
@@ -393,27 +406,35 @@ def measure_decode(models: dict[str, Path], variants: dict[str, str], ns: Sequen
                 for v, n in order[k:] + order[:k]:
                     t = timed(v, "decode", n)
                     if t is not None:
-                        ms[v][str(n)].append(t)
+                        ms[v][str(n)].append(t[0])
+                        cpu[v][str(n)].append(t[1])
                 if pp:
                     for v in (names if r % 2 == 0 else names[::-1]):
                         t = timed(v, "pp", pp)
                         if t is not None:
-                            pp_ms[v].append(t)
+                            pp_ms[v].append(t[0])
+                            pp_cpu[v].append(t[1])
         finally:
             for w in workers.values():
                 w.close()
         entry: dict[str, Any] = {}
         for v in variants:
             med = {n: (statistics.median(x) if x else None) for n, x in ms[v].items()}
+            med_cpu = {n: (statistics.median(x) if x else None) for n, x in cpu[v].items()}
             entry[v] = {
                 "decode_ms": med,
                 "decode_min_ms": {n: (min(x) if x else None) for n, x in ms[v].items()},
                 "ratio_to_n1": _ratios(med),
+                "decode_cpu_ms": med_cpu,
+                "cpu_ratio_to_n1": _ratios(med_cpu),
                 "decode_ms_all": ms[v],
+                "decode_cpu_ms_all": cpu[v],
             }
             if pp:
                 entry[v]["pp_ms"] = statistics.median(pp_ms[v]) if pp_ms[v] else None
+                entry[v]["pp_cpu_ms"] = statistics.median(pp_cpu[v]) if pp_cpu[v] else None
                 entry[v]["pp_ms_all"] = pp_ms[v]
+                entry[v]["pp_cpu_ms_all"] = pp_cpu[v]
             if crashed[v]:
                 entry[v]["crashed"] = crashed[v]
         out[wtype] = entry
@@ -497,22 +518,30 @@ def measure_ggml(exe: Path, types: Sequence[str], variants: dict[str, str], ns: 
             for s in distinct_shapes():
                 key = f"{s['rows']}x{s['cols']}"
                 ms: dict[str, float | None] = {}
+                cpu: dict[str, float | None] = {}
                 for n in ns:
                     rs = [r for run in runs[v] for r in run["results"]
                           if r["rows"] == s["rows"] and r["cols"] == s["cols"] and r["n"] == n]
                     xs = [x for r in rs for x in r["ms"]]
                     ms[str(n)] = statistics.median(xs) if xs else None
+                    cs = [r["median_cpu_ms"] for r in rs if "median_cpu_ms" in r]
+                    cpu[str(n)] = statistics.median(cs) if cs else None
                     for r in rs:
                         if "crashed" in r:
                             crashed[str(n)] = r["crashed"]
                 buft = next((r["buft"] for run in runs[v] for r in run["results"]
                              if r["rows"] == s["rows"] and r["cols"] == s["cols"] and r["buft"] != "?"), "?")
                 per_shape[key] = {"rows": s["rows"], "cols": s["cols"], "count": s["count"], "names": s["names"],
-                                  "buft": buft, "ms": ms, "ratio_to_n1": _ratios(ms)}
+                                  "buft": buft, "ms": ms, "ratio_to_n1": _ratios(ms), "cpu_ms": cpu,
+                                  "cpu_ratio_to_n1": _ratios(cpu)}
+
             # one decode's worth of matrix products: every shape weighted by how often it occurs
-            total = {str(n): (None if any(p["ms"][str(n)] is None for p in per_shape.values())
-                              else sum(p["ms"][str(n)] * p["count"] for p in per_shape.values())) for n in ns}
-            entry[v] = {"shapes": per_shape, "sum_ms": total, "sum_ratio_to_n1": _ratios(total)}
+            def total(key: str) -> dict[str, float | None]:
+                return {str(n): (None if any(p[key][str(n)] is None for p in per_shape.values())
+                                 else sum(p[key][str(n)] * p["count"] for p in per_shape.values())) for n in ns}
+
+            entry[v] = {"shapes": per_shape, "sum_ms": total("ms"), "sum_ratio_to_n1": _ratios(total("ms")),
+                        "sum_cpu_ms": total("cpu_ms"), "sum_cpu_ratio_to_n1": _ratios(total("cpu_ms"))}
             if crashed:
                 entry[v]["crashed"] = crashed
         out[wtype] = entry
@@ -531,33 +560,38 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     sec = result["decode_scaling"]
-    types = list(sec.get("decode", sec.get("ggml", {})))
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    markers = {"f16": "o", "q8_0": "s", "q4_K": "^"}
-    for ax, kind, title in ((axes[0], "decode", "llama_decode (Python API)"),
-                            (axes[1], "ggml", "ggml matrix products of one decode (sum)")):
+    panels = [("decode", "ratio_to_n1", "llama_decode via the Python API, wall clock"),
+              ("decode", "cpu_ratio_to_n1", "llama_decode via the Python API, process CPU time"),
+              ("ggml", "sum_ratio_to_n1", "ggml: one decode's matrix products, wall clock"),
+              ("ggml", "sum_cpu_ratio_to_n1", "ggml: one decode's matrix products, process CPU time")]
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    colors = {"f16": "tab:blue", "q8_0": "tab:orange", "q4_K": "tab:green"}
+    styles = ["--", ":", "-"]
+    for ax, (kind, key, title) in zip(axes.flat, panels):
         data = sec.get(kind)
         if not data:
             ax.set_visible(False)
             continue
-        for t in types:
-            for v, entry in data[t].items():
-                ratios = entry["ratio_to_n1"] if kind == "decode" else entry["sum_ratio_to_n1"]
+        for t, entry in data.items():
+            names = list(entry)
+            for i, (v, e) in enumerate(entry.items()):
+                ratios = e.get(key) or {}
                 ns = [int(n) for n in ratios if ratios[n] is not None]
                 if len(ns) < 2:
                     continue
-                ax.plot(ns, [ratios[str(n)] for n in ns], marker=markers.get(t, "o"),
-                        linestyle="-" if v == list(data[t])[-1] else "--", label=f"{t} {v}")
+                ax.plot(ns, [ratios[str(n)] for n in ns], marker="o", markersize=3, color=colors.get(t),
+                        linestyle=styles[(i - len(names)) % len(styles)], label=f"{t} {v}")
         ax.axhline(1.3, color="grey", linewidth=0.8, linestyle=":")
         ax.set_xlabel("tokens per decode (n)")
         ax.set_ylabel("time / time(n=1)")
-        ax.set_title(title)
+        ax.set_title(title, fontsize=9)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
     meta = sec["meta"]
-    fig.suptitle(f"Gemma 4 E2B width, random weights, {meta['threads']} threads, {meta['cpu']}", fontsize=9)
+    fig.suptitle(f"Gemma 4 E2B width, random weights, {meta['threads']} threads, {meta['cpu']} "
+                 f"(dotted line: 1.3)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -565,20 +599,30 @@ def table(result: dict[str, Any]) -> str:
     sec = result["decode_scaling"]
     lines = []
     if "decode" in sec:
-        lines.append("decode (Python API): median ms at n=1, ratio t(n)/t(1) for n=2..8, pp512 ms")
-        for t, entry in sec["decode"].items():
-            for v, e in entry.items():
-                r = e["ratio_to_n1"]
-                pp = f"  pp{sec['meta']['pp']}={_fmt(e.get('pp_ms'), '.0f')}" if "pp_ms" in e else ""
-                lines.append(f"  {t:5s} {v:16s} n1={_fmt(e['decode_ms']['1'], '7.1f')}  " +
-                             " ".join(_fmt(r[n], ".2f") for n in r if n != "1") + pp)
+        for clock, key, rkey, pkey in (("wall clock", "decode_ms", "ratio_to_n1", "pp_ms"),
+                                       ("process CPU time", "decode_cpu_ms", "cpu_ratio_to_n1", "pp_cpu_ms")):
+            pps = sorted({str(m.get("pp")) for m in sec.get("decode_meta", {}).values() if isinstance(m, dict)})
+            lines.append(f"decode (Python API), {clock}: median ms at n=1, t(n)/t(1) for n=2..8, "
+                         f"pp{'/'.join(pps)} ms")
+            for t, entry in sec["decode"].items():
+                for v, e in entry.items():
+                    if key not in e:
+                        continue
+                    r = e[rkey]
+                    pp = f"  pp={_fmt(e.get(pkey), '.0f')}" if pkey in e else ""
+                    lines.append(f"  {t:5s} {v:16s} n1={_fmt(e[key]['1'], '7.1f')}  " +
+                                 " ".join(_fmt(r[n], ".2f") for n in r if n != "1") + pp)
     if "ggml" in sec:
-        lines.append("ggml alone (sum over one decode's products): ms at n=1, ratios for n=2..8")
-        for t, entry in sec["ggml"].items():
-            for v, e in entry.items():
-                r = e["sum_ratio_to_n1"]
-                lines.append(f"  {t:5s} {v:16s} n1={_fmt(e['sum_ms']['1'], '7.2f')}  " +
-                             " ".join(_fmt(r[n], ".2f") for n in r if n != "1"))
+        for clock, key, rkey in (("wall clock", "sum_ms", "sum_ratio_to_n1"),
+                                 ("process CPU time", "sum_cpu_ms", "sum_cpu_ratio_to_n1")):
+            lines.append(f"ggml alone (sum over one decode's products), {clock}: ms at n=1, ratios for n=2..8")
+            for t, entry in sec["ggml"].items():
+                for v, e in entry.items():
+                    if key not in e:
+                        continue
+                    r = e[rkey]
+                    lines.append(f"  {t:5s} {v:16s} n1={_fmt(e[key]['1'], '7.2f')}  " +
+                                 " ".join(_fmt(r[n], ".2f") for n in r if n != "1"))
     lines.append("(x: crashed)")
     return "\n".join(lines)
 
@@ -600,6 +644,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--ggml-repeats", type=int, default=2, help="processes per variant, alternated")
     p.add_argument("--variant", action="append", default=[], metavar="NAME=LIBDIR",
                    help="compare libggml-cpu.so builds (LIBDIR empty: the package's own)")
+    p.add_argument("--omp-wait", default="passive", help="OMP_WAIT_POLICY of the measured processes "
+                   "(default passive: sleep at barriers; '' leaves the environment alone)")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"model files (default {DEFAULT_CACHE})")
     p.add_argument("--out", type=Path, default=RESULTS / "decode_scaling.json")
     p.add_argument("--plot", type=Path, default=RESULTS / "decode_scaling.png")
@@ -610,6 +656,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "_worker":
         return worker_main(sys.argv[2], int(sys.argv[3]))
     args = parse_args(argv)
+    global OMP_WAIT_POLICY
+    OMP_WAIT_POLICY = args.omp_wait
     variants: dict[str, str] = {}
     for spec in args.variant or ["package="]:
         name, _, libdir = spec.partition("=")
@@ -625,10 +673,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = json.loads(args.out.read_text())
         except json.JSONDecodeError:
             result = {}
-    sec: dict[str, Any] = {
-        "meta": {
+    sec: dict[str, Any] = result.get("decode_scaling", {})  # a part not run this time is kept
+    meta = {
             "cpu": _cpu_name(), "cores": os.cpu_count(), "threads": args.threads, "pp": args.pp,
-            "rounds": args.rounds, "variants": variants, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "rounds": args.rounds, "ggml_rounds": args.ggml_rounds, "ggml_repeats": args.ggml_repeats,
+            "variants": variants, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "load_average": os.getloadavg(), "omp_wait_policy": args.omp_wait,
+    }
+    sec.update({
+        "meta": {
+            "cpu": _cpu_name(), "cores": os.cpu_count(), "threads": args.threads,
             "python": platform.python_version(),
             "model": {"hidden": HIDDEN, "ffn": FFN, "heads": N_HEAD, "kv_heads": N_HEAD_KV,
                       "head_dim": HEAD_DIM_SWA, "global_head_dim": HEAD_DIM_FULL, "window": SLIDING_WINDOW,
@@ -636,12 +690,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             "note": "medians of interleaved runs; ratios within one process; the machine may be shared",
         },
         "shapes": distinct_shapes(),
-    }
+    })
     if "decode" in args.what:
-        sec["decode"] = measure_decode(models, variants, ns, args.threads, args.rounds, args.pp)
+        # per weight type: a type not measured this time keeps its earlier result (and meta)
+        sec.setdefault("decode", {}).update(measure_decode(models, variants, ns, args.threads, args.rounds, args.pp))
+        sec.setdefault("decode_meta", {}).update({t: meta for t in args.types})
     if "ggml" in args.what:
         exe = build_c_tool(args.cache)
-        sec["ggml"] = measure_ggml(exe, args.types, variants, ns, args.threads, args.ggml_rounds, args.ggml_repeats)
+        sec.setdefault("ggml", {}).update(
+            measure_ggml(exe, args.types, variants, ns, args.threads, args.ggml_rounds, args.ggml_repeats))
+        sec.setdefault("ggml_meta", {}).update({t: meta for t in args.types})
     result["decode_scaling"] = sec
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
