@@ -1728,6 +1728,10 @@ def write_report(result: dict[str, Any], out_dir: Path) -> Path:
              f"{result.get('omp_wait_policy') or 'unset'}, niceness {cfg.get('nice', 0):+d}; wall time "
              f"{result.get('wall_s', 0) / 60:.1f} min.",
              "", "Reproduce: `" + result["command"] + "`", ""]
+    merged = result.get("merged_from_earlier_run")
+    if merged:
+        lines += [f"Kept from the run started {merged.get('started')}: " + ", ".join(f"`{k}`" for k in merged["keys"]) +
+                  " (this run measured the other parts).", ""]
     tg = result.get("targets", [])
     if tg:
         lines += ["## Targets (issue 6)", "", "| target | measured | met |", "|---|---|---|"]
@@ -1834,6 +1838,8 @@ def write_report(result: dict[str, Any], out_dir: Path) -> Path:
                          f"{_fmt(r.get('with_measured_E'), 2)} | "
                          f"{_fmt(r.get('measured_d2'), 2)} / {_fmt(r.get('measured_sync'), 2)} |")
         lines.append("")
+    if result.get("notes"):
+        lines += ["## Notes", ""] + [f"* {n}" for n in result["notes"]] + [""]
     if result.get("plots"):
         lines += ["## Plots", ""] + [f"* `{p}`" for p in result["plots"]] + [""]
     if result.get("errors"):
@@ -2014,7 +2020,7 @@ def make_plots(result: dict[str, Any], out_dir: Path) -> list[str]:
     if sp and sp["rows"]:
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         names = list(dict.fromkeys(r["model"] for r in sp["rows"]))
-        for model, c in zip(names, ("tab:blue", "tab:purple", "tab:green", "tab:orange")):
+        for model, c in zip(names, ("tab:blue", "tab:purple", "tab:green", "tab:orange", "tab:brown")):
             rr = [r for r in sp["rows"] if r["model"] == model]
             if not rr:
                 continue
@@ -2128,6 +2134,7 @@ def speedup_table(result: dict[str, Any], cfg: BenchConfig) -> dict[str, Any]:
                            {int(n): ms / 1e3 for n, ms in tc["verify"]["ms_with_readback"].items()}, True))
         dd = (cost or {}).get("draft_ours", {})
         for dk, vk, name in (("dense", "verify", "E2B dense head, repack"),
+                             ("centroid", "verify", "E2B centroid head, repack"),
                              ("dense no-repack", "verify_no_repack", "E2B dense head, no-repack"),
                              ("centroid no-repack", "verify_no_repack", "E2B centroid head, no-repack")):
             if dk in dd and cost.get(vk):
