@@ -148,6 +148,7 @@ class Context(NativeHandle):
         self._b_logits = np.frombuffer(ffi.buffer(b.logits, n), dtype=np.int8)
         self._b_seq = [b.seq_id[i] for i in range(n)]
         self._b_nseq[:] = 1
+        self._b_seq_id, self._b_seq_rows = -1, 0  # rows of self._b_seq already holding _b_seq_id
         self._embeddings_on = self.params.embeddings
         self.n_outputs = 0
         self._mtp_state: Any = None  # set by mtp.py when an MTP request is in flight
@@ -222,9 +223,12 @@ class Context(NativeHandle):
         self._b_token[:m] = toks
         self._b_pos[:m] = np.arange(pos, pos + m, dtype=np.int32)
         self._b_logits[:m] = out
-        seq = self._b_seq
-        for i in range(m):
-            seq[i][0] = seq_id
+        # per-token sequence ids: written once per row and sequence, not on every decode
+        if seq_id != self._b_seq_id:
+            self._b_seq_id, self._b_seq_rows = seq_id, 0
+        for i in range(self._b_seq_rows, m):
+            self._b_seq[i][0] = seq_id
+        self._b_seq_rows = max(self._b_seq_rows, m)
         self._batch.n_tokens = m
         rc = lib.llama_decode(self.ptr, self._batch)
         if rc != 0:
