@@ -451,6 +451,78 @@ def _ratios(ms: dict[str, float | None]) -> dict[str, float | None]:
     return {n: (None if v is None or not base else v / base) for n, v in ms.items()}
 
 
+MTP_PROMPTS = (
+    "Once upon a time, there was a little girl who",
+    "The dog ran to the park and",
+    "Tom and his mom went to the store to buy",
+)
+
+
+def mtp_worker_main(threads: int) -> int:
+    """Serve generation requests with the bundled trained pair: one JSON line in, one JSON line out."""
+    from mtp_bindings import Model
+    from mtp_bindings.cli import DEFAULT_ASSISTANT, DEFAULT_TARGET
+
+    model = Model(DEFAULT_TARGET)
+    model.attach_assistant(DEFAULT_ASSISTANT)
+    ctx = model.create_context(n_ctx=1024, embeddings=True, n_threads=threads)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req["cmd"] == "quit":
+            break
+        res = model.generate(req["prompt"], max_tokens=int(req["max_tokens"]), temperature=0.0,
+                             draft_n_max=int(req["draft_n_max"]), ignore_eos=True, context=ctx)
+        st = res.stats
+        print(json.dumps({"tokens_per_s": st.tokens_per_second, "acceptance": st.acceptance_rate,
+                          "tokens": list(res.tokens)}), flush=True)
+    ctx.close()
+    model.close()
+    return 0
+
+
+class MtpWorker(Worker):
+    def __init__(self, threads: int, libdir: str) -> None:  # noqa: D107 (same protocol as Worker)
+        self.proc = subprocess.Popen([sys.executable, __file__, "_mtp_worker", str(threads)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=_variant_env(libdir))
+        ready = self._read()
+        if not ready.get("ready"):
+            raise RuntimeError(f"mtp worker failed to start: {ready}")
+
+
+def measure_mtp(variants: dict[str, str], drafts: Sequence[int], threads: int, rounds: int,
+                max_tokens: int) -> dict[str, Any]:
+    """The trained pair's throughput (temperature 0) per variant and draft_n_max (0 = plain), interleaved."""
+    workers = {name: MtpWorker(threads, libdir) for name, libdir in variants.items()}
+    tps: dict[str, dict[int, list[float]]] = {v: {k: [] for k in drafts} for v in variants}
+    acc: dict[str, dict[int, float]] = {v: {} for v in variants}
+    outputs: dict[int, set[tuple[int, ...]]] = {k: set() for k in range(len(MTP_PROMPTS))}
+    try:
+        for r in range(rounds):
+            log(f"mtp: round {r + 1}/{rounds}")
+            for pi, prompt in enumerate(MTP_PROMPTS):
+                for k in drafts:
+                    for name, w in workers.items():
+                        out = w.ask(cmd="gen", prompt=prompt, max_tokens=max_tokens, draft_n_max=k)
+                        tps[name][k].append(out["tokens_per_s"])
+                        acc[name][k] = out["acceptance"]
+                        outputs[pi].add(tuple(out["tokens"]))
+    finally:
+        for w in workers.values():
+            w.close()
+    res: dict[str, Any] = {"max_tokens": max_tokens, "prompts": len(MTP_PROMPTS), "rounds": rounds,
+                           "outputs_identical": all(len(v) == 1 for v in outputs.values()), "variants": {}}
+    for name in variants:
+        med = {str(k): statistics.median(tps[name][k]) for k in drafts}
+        res["variants"][name] = {
+            "tokens_per_s": med,
+            "speedup_vs_plain": {str(k): med[str(k)] / med["0"] for k in drafts if k} if 0 in drafts else {},
+            "acceptance": {str(k): acc[name][k] for k in drafts if k},
+        }
+    return res
+
+
 def build_c_tool(out_dir: Path) -> Path:
     from mtp_bindings.low_level import include_dir, library_dir
 
@@ -623,6 +695,16 @@ def table(result: dict[str, Any]) -> str:
                     r = e[rkey]
                     lines.append(f"  {t:5s} {v:16s} n1={_fmt(e[key]['1'], '7.2f')}  " +
                                  " ".join(_fmt(r[n], ".2f") for n in r if n != "1"))
+    if "mtp" in sec:
+        m = sec["mtp"]
+        lines.append(f"trained pair, temperature 0, {m['max_tokens']} tokens x {m['prompts']} prompts x "
+                     f"{m['rounds']} rounds: median tokens/s (plain, draft_n_max 1, 3), MTP speedup over plain; "
+                     f"outputs identical: {'yes' if m['outputs_identical'] else 'NO'}")
+        for v, e in m["variants"].items():
+            tps, sp = e["tokens_per_s"], e["speedup_vs_plain"]
+            lines.append(f"  {v:16s} " + " ".join(_fmt(tps[k], "7.0f") for k in tps) + "   x" +
+                         " x".join(_fmt(sp[k], ".2f") for k in sp) +
+                         "   acceptance " + " ".join(_fmt(a, ".2f") for a in e["acceptance"].values()))
     lines.append("(x: crashed)")
     return "\n".join(lines)
 
@@ -633,8 +715,9 @@ def _fmt(v: float | None, spec: str) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", nargs="*", default=["decode", "ggml"], choices=["build", "decode", "ggml"],
-                   help="what to run (default: decode and ggml; both build the models first)")
+    p.add_argument("what", nargs="*", default=["decode", "ggml"], choices=["build", "decode", "ggml", "mtp"],
+                   help="what to run (default: decode and ggml; both build the models first; mtp: the bundled "
+                   "trained pair's generation throughput per variant)")
     p.add_argument("--types", nargs="+", default=list(TYPES), choices=TYPES)
     p.add_argument("--n-max", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
@@ -642,6 +725,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--pp", type=int, default=512, help="prompt-processing length timed too (0: none)")
     p.add_argument("--ggml-rounds", type=int, default=5)
     p.add_argument("--ggml-repeats", type=int, default=2, help="processes per variant, alternated")
+    p.add_argument("--mtp-rounds", type=int, default=3, help="mtp: interleaved rounds (default 3)")
+    p.add_argument("--mtp-tokens", type=int, default=256, help="mtp: tokens generated per request")
     p.add_argument("--variant", action="append", default=[], metavar="NAME=LIBDIR",
                    help="compare libggml-cpu.so builds (LIBDIR empty: the package's own)")
     p.add_argument("--omp-wait", default="passive", help="OMP_WAIT_POLICY of the measured processes "
@@ -655,6 +740,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "_worker":
         return worker_main(sys.argv[2], int(sys.argv[3]))
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "_mtp_worker":
+        return mtp_worker_main(int(sys.argv[2]))
     args = parse_args(argv)
     global OMP_WAIT_POLICY
     OMP_WAIT_POLICY = args.omp_wait
@@ -700,6 +787,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sec.setdefault("ggml", {}).update(
             measure_ggml(exe, args.types, variants, ns, args.threads, args.ggml_rounds, args.ggml_repeats))
         sec.setdefault("ggml_meta", {}).update({t: meta for t in args.types})
+    if "mtp" in args.what:
+        sec["mtp"] = measure_mtp(variants, [0, 1, 3], args.threads, args.mtp_rounds, args.mtp_tokens)
+        sec["mtp_meta"] = meta
     result["decode_scaling"] = sec
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -1,4 +1,4 @@
-"""Matrix products with few input columns (patch 0100, issue 8).
+"""Matrix products with few input columns (patches 0100-0101, issue 8).
 
 * ggml alone: every product of f16, q8_0 and q4_K weights with n = 1..8 columns (and a few more)
   agrees with a naive reference on the dequantized weights within test-backend-ops' MUL_MAT
