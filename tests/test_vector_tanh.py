@@ -1,8 +1,10 @@
-"""ggml's CPU tanh (patch 0102): the vectorised kernel stays within a few ulps of libm's tanh.
+"""ggml's CPU tanh (patch 0102): the vectorised kernel stays within a few ulps of libm's tanh, and the
+fused softcapping (SCALE -> TANH -> SCALE in one pass) gives the bits of the three ops.
 
 Final logit softcapping runs tanh over every logit of every verified token; the patch replaced the
-scalar ``tanhf`` with a vector kernel and splits the op by elements across threads. The check is a
-small C program (``tests/c/tanh_check.c``) on the installed ggml, run in a subprocess.
+scalar ``tanhf`` with a vector kernel, splits the op by elements across threads and fuses the three
+ops. The check is a small C program (``tests/c/tanh_check.c``) on the installed ggml, run in a
+subprocess.
 """
 
 from __future__ import annotations
@@ -39,6 +41,22 @@ def test_tanh_op_is_within_a_few_ulps_of_libm(tanh_check: Path, threads: int) ->
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads(res.stdout)
     assert out["worst_ulp"] <= MAX_ULP, out
+
+
+def _run(exe: Path, *args: str, env: dict[str, str] | None = None) -> dict:
+    res = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **(env or {})})
+    assert res.returncode == 0, res.stderr[-2000:]
+    return json.loads(res.stdout)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_softcapping_is_bit_identical_to_the_three_ops(tanh_check: Path, threads: int) -> None:
+    fused = _run(tanh_check, str(threads), "softcap")
+    unfused = _run(tanh_check, str(threads), "softcap", env={"GGML_CPU_DISABLE_FUSION": "1"})
+    assert fused["hash"] == unfused["hash"]
+    assert fused["worst_ulp"] <= MAX_ULP + 2, fused  # 30 * tanh(x / 30): two more roundings
+    assert fused["specials_ok"] is True
 
 
 @pytest.mark.parametrize("threads", [1, 2])
