@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from ggml_programs import compile_ggml_program
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
@@ -41,16 +40,7 @@ def _exit_reason(rc: int) -> str:
 
 @pytest.fixture(scope="module")
 def mulmat_bench(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    from mtp_bindings.low_level import include_dir, library_dir
-
-    exe = tmp_path_factory.mktemp("mulmat") / "mulmat_bench"
-    subprocess.run([cc, "-O2", "-std=c11", str(BENCH / "mulmat_bench.c"), f"-I{include_dir()}",
-                    f"-L{library_dir()}", f"-Wl,-rpath,{library_dir()}", "-lggml", "-lggml-base", "-lggml-cpu",
-                    "-lm", "-o", str(exe)], check=True)
-    return exe
+    return compile_ggml_program(BENCH / "mulmat_bench.c", tmp_path_factory.mktemp("mulmat"))
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

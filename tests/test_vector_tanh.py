@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from ggml_programs import compile_ggml_program
 
 SOURCE = Path(__file__).resolve().parent / "c" / "tanh_check.c"
 MAX_ULP = 8  # ggml_v_expf is within 1.5 ulp; the quotient and the sign handling add a few
@@ -23,24 +23,7 @@ MAX_ULP = 8  # ggml_v_expf is within 1.5 ulp; the quotient and the sign handling
 
 @pytest.fixture(scope="module")
 def tanh_check(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    from mtp_bindings.low_level import include_dir, library_dir
-
-    exe = tmp_path_factory.mktemp("tanh") / "tanh_check"
-    subprocess.run([cc, "-O2", "-std=c11", str(SOURCE), f"-I{include_dir()}", f"-L{library_dir()}",
-                    f"-Wl,-rpath,{library_dir()}", "-lggml", "-lggml-base", "-lggml-cpu", "-lm", "-o", str(exe)],
-                   check=True)
-    return exe
-
-
-@pytest.mark.parametrize("threads", [1, 2, 3])
-def test_tanh_op_is_within_a_few_ulps_of_libm(tanh_check: Path, threads: int) -> None:
-    res = subprocess.run([str(tanh_check), str(threads)], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
-    out = json.loads(res.stdout)
-    assert out["worst_ulp"] <= MAX_ULP, out
+    return compile_ggml_program(SOURCE, tmp_path_factory.mktemp("tanh"))
 
 
 def _run(exe: Path, *args: str, env: dict[str, str] | None = None) -> dict:
@@ -48,6 +31,12 @@ def _run(exe: Path, *args: str, env: dict[str, str] | None = None) -> dict:
                          env={**os.environ, **(env or {})})
     assert res.returncode == 0, res.stderr[-2000:]
     return json.loads(res.stdout)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_tanh_op_is_within_a_few_ulps_of_libm(tanh_check: Path, threads: int) -> None:
+    out = _run(tanh_check, str(threads))
+    assert out["worst_ulp"] <= MAX_ULP, out
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -61,6 +50,4 @@ def test_fused_softcapping_is_bit_identical_to_the_three_ops(tanh_check: Path, t
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_tanh_op_keeps_nan_infinities_and_signed_zero(tanh_check: Path, threads: int) -> None:
-    res = subprocess.run([str(tanh_check), str(threads)], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert json.loads(res.stdout)["specials_ok"] is True
+    assert _run(tanh_check, str(threads))["specials_ok"] is True
