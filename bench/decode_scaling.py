@@ -733,7 +733,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    "(default passive: sleep at barriers; '' leaves the environment alone)")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"model files (default {DEFAULT_CACHE})")
     p.add_argument("--out", type=Path, default=RESULTS / "decode_scaling.json")
-    p.add_argument("--plot", type=Path, default=RESULTS / "decode_scaling.png")
+    p.add_argument("--plot", type=lambda v: Path(v) if v else None, default=RESULTS / "decode_scaling.png",
+                   help="PNG plot ('' for none)")
     return p.parse_args(argv)
 
 
@@ -797,6 +798,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.plot:
         plot(result, args.plot)
         log(f"wrote {args.out} and {args.plot}")
+    else:
+        log(f"wrote {args.out}")
     return 0
 
 
