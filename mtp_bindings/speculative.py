@@ -289,16 +289,15 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
     try:
         t0 = time.perf_counter()
         ctx.seq_rm(seq_id, 0, -1)
-        # with embeddings on llama.cpp outputs every row of a batch: only the last prompt token's h
-        # is needed, so the rest of the prompt is processed without them
-        if drafting and len(history) > 1:
+        # With embeddings on, llama.cpp outputs every row of a batch: only the last prompt token's h is
+        # needed, so the rest of the prompt is processed without them. Plain decoding splits the prompt
+        # the same way: a batch and a single-token decode may round a near-tie differently, and greedy
+        # output must not depend on whether drafting is on.
+        if len(history) > 1:
             ctx.set_embeddings(False)
             ctx.decode(history[:-1], pos=0, seq_id=seq_id, logits="none")
-            ctx.set_embeddings(True)
-            ctx.decode(history[-1:], pos=len(history) - 1, seq_id=seq_id)
-        else:
-            ctx.set_embeddings(drafting)
-            ctx.decode(history, pos=0, seq_id=seq_id)
+        ctx.set_embeddings(drafting)
+        ctx.decode(history[-1:], pos=len(history) - 1, seq_id=seq_id)
         stats.t_prompt = time.perf_counter() - t0
         t = time.perf_counter()
         x = sampler.sample(ctx.logits_view(-1), history)

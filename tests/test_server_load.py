@@ -1,7 +1,7 @@
 """The server under bounded load on loopback: 8 clients x 25 requests, mixing plain, streaming,
 mid-stream disconnects and invalid requests. Every valid request that was not cancelled gets the
 same output as when run alone; nothing answers 5xx; the server's RSS, threads and open files
-return to their baseline. """
+return to their baseline (thread pools may reach a new peak of concurrency once). """
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from test_server import KEY, Server, parse_metrics, server  # noqa: F401 (the fi
 
 PROMPTS = ["def parse_args(argv):\n", "import os\nimport sys\n", "class Queue:\n", "for i in range(10):\n"]
 N_CLIENTS, N_REQUESTS, MAX_TOKENS = 8, 25, 24
+POOL_GROWTH = 2  # threads a pool may add in round 2 by reaching a new peak of concurrency
 
 
 def proc_stats(pid: int) -> dict[str, int]:
@@ -99,10 +100,12 @@ def test_concurrent_mixed_load_gives_solo_outputs_and_no_5xx(server: Server):  #
         assert metrics["mtp_requests_processing"] == 0 and metrics["mtp_requests_queued"] == 0
         rounds.append(proc_stats(server.proc.pid))
     first, second = rounds
-    # idle worker threads of the server's thread pool (anyio) expire after ~10 s of idleness
+    # Thread pools grow to the highest concurrency they have seen, and round 2 can reach a peak round 1
+    # did not (measured: 10 threads after round 1, 11 after round 2, 11 after rounds 3-6 and after 15 s
+    # idle). Something kept per request would add a thread or a file per request (~150 a round).
     deadline = time.monotonic() + 20
-    while second["threads"] > first["threads"] and time.monotonic() < deadline:
-        time.sleep(0.5)
+    while second["threads"] > first["threads"] + POOL_GROWTH and time.monotonic() < deadline:
+        time.sleep(0.5)  # idle worker threads of the server's thread pool (anyio) expire
         second = proc_stats(server.proc.pid)
-    assert second["threads"] <= first["threads"] and second["fds"] <= first["fds"], (first, second)
+    assert second["threads"] <= first["threads"] + POOL_GROWTH and second["fds"] <= first["fds"], (first, second)
     assert second["rss_kb"] - first["rss_kb"] < 16 * 1024, rounds

@@ -1,0 +1,96 @@
+"""Configuration of ``mtp-bindings bench``: paths, :class:`BenchConfig` and the run modes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+PKG = Path(__file__).resolve().parent.parent  # the mtp_bindings package
+BUNDLED = PKG / "models"
+
+
+def llama_server_path() -> Path:
+    """The bundled upstream ``llama-server`` (next to the compiled module), or
+    ``$MTP_BENCH_LLAMA_SERVER``."""
+    env = os.environ.get("MTP_BENCH_LLAMA_SERVER")
+    if env:
+        return Path(env)
+    cands = [PKG / "bin" / "llama-server"]
+    with contextlib.suppress(ImportError):
+        from .. import _ffi
+
+        cands.append(Path(_ffi.__file__).resolve().parent / "bin" / "llama-server")
+    return next((c for c in cands if c.is_file()), cands[0])
+
+# A prompt of the kind the trained pair was trained on (Python source).
+DEFAULT_PROMPT = "import os\nimport sys\n\n\ndef parse_args(argv):\n"
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ================================================================================================
+# configuration
+# ================================================================================================
+
+@dataclass
+class BenchConfig:
+    """What one benchmark run measures (see :func:`config_for`)."""
+
+    mode: str = "full"
+    target: Path = BUNDLED / "trained-target.gguf"
+    assistant: Path = BUNDLED / "trained-assistant.gguf"
+    out_dir: Path = Path("bench/results")
+    parts: tuple[str, ...] = ("inproc", "http", "cost")
+    threads: int = 2
+    runs: int = 3
+    draft_ns: tuple[int, ...] = (1, 2, 3, 4)
+    kv_types: tuple[str, ...] = ("f16", "q8_0")
+    outputs: tuple[int, ...] = (128, 512)
+    temperatures: tuple[float, ...] = (0.0, 0.7)
+    prompt: str = DEFAULT_PROMPT
+    n_ctx: int = 2048
+    seed: int = 1234
+    suppress_eog: bool = True          # fixed-length outputs: EOG tokens get a -100 logit bias (both systems)
+    cost_shape: str = "e2b"            # "e2b" (real widths) or "tiny" (smoke test)
+    cost_rounds: int = 7
+    cost_cache: Path = Path("bench/.models")
+    upstream_steps_tokens: int = 24    # tokens generated per upstream draft-step measurement (cost part)
+    http_systems: bool = True
+    plots: bool = True
+    seed_shuffle: int = 0
+    nice: int = 0                      # niceness increment for this process and its servers (negative: priority)
+    omp_wait_policy: str = "passive"   # OMP_WAIT_POLICY for every system (see main_args); "default": unset
+    pyspy_seconds: float = 20.0        # py-spy profile of the driver loop (0: off; needs py-spy)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
+
+
+def config_for(mode: str, **overrides: Any) -> BenchConfig:
+    """``full`` (issue 6's matrix), ``quick`` (a few minutes) or ``smoke`` (seconds, for tests)."""
+    if mode == "full":
+        cfg = BenchConfig()
+    elif mode == "quick":
+        cfg = BenchConfig(mode="quick", runs=2, kv_types=("f16",), outputs=(128,), cost_rounds=3,
+                          upstream_steps_tokens=12, pyspy_seconds=8.0)
+    elif mode == "smoke":
+        cfg = BenchConfig(mode="smoke", runs=1, draft_ns=(2,), kv_types=("f16",), outputs=(16,),
+                          temperatures=(0.0,), cost_shape="tiny", cost_rounds=1, upstream_steps_tokens=6,
+                          n_ctx=512, plots=False, pyspy_seconds=0.0)
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    for k, v in overrides.items():
+        if v is not None:
+            setattr(cfg, k, v)
+    for k in ("target", "assistant", "out_dir", "cost_cache"):  # servers run elsewhere (cwd)
+        setattr(cfg, k, Path(getattr(cfg, k)).resolve())
+    return cfg

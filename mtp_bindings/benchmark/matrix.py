@@ -1,0 +1,344 @@
+"""Parts 1 and 2: the matrix of systems, in process and over HTTP, and its aggregation."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import BenchConfig, log
+from .util import CpuMeter, ServerProcess, cpu_seconds, free_port, median, ours_serve_argv, spread, upstream_argv
+
+
+
+@dataclass(frozen=True)
+class System:
+    """One column of the matrix: ``kind`` is ``upstream`` or ``ours``; ``mtp`` is ``off``,
+    ``draft-mtp`` (upstream), ``sync`` (ours, depth2 off) or ``depth2`` (ours, depth2 on)."""
+
+    kind: str
+    mtp: str
+    draft_n: int = 0
+
+    @property
+    def label(self) -> str:
+        names = {("upstream", "off"): "upstream plain", ("upstream", "draft-mtp"): "upstream draft-mtp",
+                 ("ours", "off"): "ours plain", ("ours", "sync"): "ours MTP depth2 off",
+                 ("ours", "depth2"): "ours MTP depth2 on"}
+        base = names[(self.kind, self.mtp)]
+        return base if self.mtp == "off" else f"{base} n={self.draft_n}"
+
+    @property
+    def family(self) -> str:
+        return self.label.rsplit(" n=", 1)[0]
+
+
+def systems_for(draft_ns: Sequence[int]) -> list[System]:
+    out = [System("upstream", "off"), System("ours", "off")]
+    for n in draft_ns:
+        out += [System("upstream", "draft-mtp", n), System("ours", "sync", n), System("ours", "depth2", n)]
+    return out
+
+
+def eog_bias(model: Any) -> dict[int, float]:
+    """-100 on every end-of-generation token: outputs run to their full length on both systems."""
+    return {t: -100.0 for t in range(model.n_vocab) if model.is_eog(t)}
+
+
+def request_body(prompt_ids: list[int], max_tokens: int, temp: float, seed: int, draft_n: int,
+                 bias: dict[int, float]) -> dict[str, Any]:
+    """The one request body both servers get (each ignores the other's extras)."""
+    return {
+        "model": "bench", "prompt": prompt_ids, "max_tokens": max_tokens, "n_predict": max_tokens,
+        "temperature": temp, "top_k": 40, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0,
+        "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "seed": seed,
+        "logit_bias": {str(t): b for t, b in bias.items()}, "cache_prompt": False, "return_tokens": True,
+        "stream": False, "speculative.n_max": draft_n, "draft_n_max": draft_n,
+    }
+
+
+@dataclass
+class Sample:
+    """One generation: where, what, how fast."""
+
+    part: str           # inproc | http
+    system: str
+    family: str
+    draft_n: int
+    kv: str
+    n_out: int
+    temp: float
+    run: int
+    tokens_per_s: float
+    n_generated: int
+    n_drafted: int
+    n_accepted: int
+    wall_s: float = 0.0
+    cpu_s: float = 0.0  # CPU time of the generating process (all threads) over the request
+    tokens: list[int] | None = None
+    text: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def acceptance(self) -> float:
+        return self.n_accepted / self.n_drafted if self.n_drafted else float("nan")
+
+
+# ================================================================================================
+# part 1 + 2: the matrix, in process and over HTTP
+# ================================================================================================
+
+class MatrixRunner:
+    def __init__(self, cfg: BenchConfig, log_dir: Path) -> None:
+        self.cfg = cfg
+        self.log_dir = log_dir
+        self.systems = systems_for(cfg.draft_ns)
+        self.samples: list[Sample] = []
+        self.meter = CpuMeter()
+        self.rng = random.Random(cfg.seed_shuffle or cfg.seed)
+        self.errors: list[str] = []
+
+    # --- servers ------------------------------------------------------------------------------
+
+    def _start_upstream(self, kv: str) -> dict[System, ServerProcess]:
+        cfg = self.cfg
+        servers: dict[System, ServerProcess] = {}
+        for s in self.systems:
+            if s.kind != "upstream":
+                continue
+            port = free_port()
+            argv = upstream_argv(cfg.target, port, threads=cfg.threads, n_ctx=cfg.n_ctx, kv=kv,
+                                 assistant=cfg.assistant if s.mtp == "draft-mtp" else None, draft_n=s.draft_n)
+            servers[s] = ServerProcess(f"upstream-{kv}-{s.label}", argv, port, self.log_dir)
+        for srv in servers.values():
+            srv.wait_ready()
+            self.meter.add(srv.pid)
+        return servers
+
+    def _start_ours(self, kv: str) -> dict[str, ServerProcess]:
+        cfg = self.cfg
+        servers: dict[str, ServerProcess] = {}
+        for name, assistant, depth2 in (("off", None, True), ("sync", cfg.assistant, False),
+                                        ("depth2", cfg.assistant, True)):
+            if name != "off" and not cfg.draft_ns:
+                continue
+            port = free_port()
+            argv = ours_serve_argv(cfg.target, port, threads=cfg.threads, n_ctx=cfg.n_ctx, kv=kv,
+                                   assistant=assistant, depth2=depth2)
+            servers[name] = ServerProcess(f"ours-serve-{kv}-{name}", argv, port, self.log_dir)
+        for srv in servers.values():
+            srv.wait_ready()
+            self.meter.add(srv.pid)
+        return servers
+
+    # --- one generation each --------------------------------------------------------------------
+
+    def _ours_inproc(self, model: Any, ctx: Any, s: System, prompt_ids: list[int], n_out: int, temp: float,
+                     seed: int, bias: dict[int, float], kv: str, run: int) -> Sample:
+        c0 = cpu_seconds()
+        r = model.generate(prompt_ids, context=ctx, max_tokens=n_out, temperature=temp, top_k=40, top_p=1.0,
+                           min_p=0.0, seed=seed, logit_bias=bias or None,
+                           draft_n_max=s.draft_n if s.mtp != "off" else 0, depth2=(s.mtp == "depth2"),
+                           skip_streak=0)
+        cpu = cpu_seconds() - c0
+        st = r.stats
+        return Sample("inproc", s.label, s.family, s.draft_n, kv, n_out, temp, run, st.tokens_per_second,
+                      st.n_generated, st.n_drafted, st.n_accepted, wall_s=st.t_total, cpu_s=cpu, tokens=list(r.tokens),
+                      text=r.text, extra={"t_prompt": st.t_prompt, "t_draft": st.t_draft, "t_verify": st.t_verify,
+                                          "t_sample": st.t_sample, "n_rounds": st.n_rounds})
+
+    def _http(self, srv: ServerProcess, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        status, payload, wall = srv.client.request("POST", "/v1/completions", body)
+        if status != 200 or not isinstance(payload, dict):
+            raise RuntimeError(f"{srv.name}: HTTP {status}: {str(payload)[:500]}")
+        return payload, wall
+
+    def _upstream(self, srv: ServerProcess, s: System, body: dict[str, Any], kv: str, n_out: int, temp: float,
+                  run: int) -> Sample:
+        """Upstream's own numbers: llama-server's native ``/completion`` (its generation timings
+        and, with ``return_tokens``, the token ids)."""
+        c0 = cpu_seconds(srv.pid)
+        status, payload, wall = srv.client.request("POST", "/completion", body)
+        cpu = cpu_seconds(srv.pid) - c0
+        if status != 200 or not isinstance(payload, dict):
+            raise RuntimeError(f"{srv.name}: HTTP {status}: {str(payload)[:500]}")
+        t = payload.get("timings", {})
+        toks = payload.get("tokens")
+        return Sample("inproc", s.label, s.family, s.draft_n, kv, n_out, temp, run,
+                      float(t.get("predicted_per_second", 0.0)), int(t.get("predicted_n", 0)),
+                      int(t.get("draft_n", 0)), int(t.get("draft_n_accepted", 0)), wall_s=wall, cpu_s=cpu,
+                      tokens=list(toks) if toks else None, text=payload.get("content"),
+                      extra={"prompt_ms": t.get("prompt_ms"), "predicted_ms": t.get("predicted_ms")})
+
+    def _e2e(self, srv: ServerProcess, s: System, body: dict[str, Any], kv: str, n_out: int, temp: float,
+             run: int) -> Sample:
+        """Either server over ``/v1/completions``, timed by the client."""
+        c0 = cpu_seconds(srv.pid)
+        payload, wall = self._http(srv, body)
+        cpu = cpu_seconds(srv.pid) - c0
+        t = payload.get("timings", {})
+        n_gen = int(t.get("predicted_n") or payload.get("usage", {}).get("completion_tokens", 0))
+        return Sample("http", s.label, s.family, s.draft_n, kv, n_out, temp, run,
+                      n_gen / wall if wall > 0 else 0.0, n_gen, int(t.get("draft_n", 0)),
+                      int(t.get("draft_n_accepted", 0)), wall_s=wall, cpu_s=cpu, text=payload["choices"][0].get("text"),
+                      extra={"reported_tokens_per_s": t.get("predicted_per_second")})
+
+    # --- the loop ---------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        from ..model import Model
+
+        cfg = self.cfg
+        do_http = "http" in cfg.parts
+        model = Model(cfg.target, assistant=cfg.assistant if cfg.draft_ns else None)
+        prompt_ids = model.tokenize(cfg.prompt)
+        bias = eog_bias(model) if cfg.suppress_eog else {}
+        cells = [(n, t) for n in cfg.outputs for t in cfg.temperatures]
+        self.meter.begin()
+        t_start = time.perf_counter()
+        try:
+            for kv in cfg.kv_types:
+                log(f"matrix: KV {kv}: starting servers")
+                fa = "off" if kv in ("f16", "f32") else "on"
+                ctx = model.create_context(n_ctx=cfg.n_ctx, n_threads=cfg.threads, type_k=kv, type_v=kv,
+                                           flash_attn=fa, embeddings=bool(cfg.draft_ns))
+                ups = self._start_upstream(kv)
+                ours_srv = self._start_ours(kv) if do_http else {}
+                try:
+                    # warm-up: one short generation on every system (page cache, graph caches)
+                    for s in self.systems:
+                        body = request_body(prompt_ids, 8, 0.0, cfg.seed, s.draft_n, bias)
+                        if s.kind == "upstream":
+                            self._upstream(ups[s], s, body, kv, 8, 0.0, -1)
+                        else:
+                            self._ours_inproc(model, ctx, s, prompt_ids, 8, 0.0, cfg.seed, bias, kv, -1)
+                        if do_http:
+                            self._http(ups[s] if s.kind == "upstream" else ours_srv[s.mtp], body)
+                    for run in range(cfg.runs):
+                        for n_out, temp in self.rng.sample(cells, len(cells)):
+                            seed = cfg.seed + run
+                            order = self.rng.sample(self.systems, len(self.systems))
+                            log(f"matrix: KV {kv} run {run + 1}/{cfg.runs} out {n_out} temp {temp}: "
+                                f"{len(order)} systems{' (+http)' if do_http else ''}")
+                            for s in order:
+                                body = request_body(prompt_ids, n_out, temp, seed, s.draft_n, bias)
+                                if s.kind == "upstream":
+                                    self.samples.append(self._upstream(ups[s], s, body, kv, n_out, temp, run))
+                                else:
+                                    self.samples.append(self._ours_inproc(model, ctx, s, prompt_ids, n_out, temp,
+                                                                          seed, bias, kv, run))
+                                if do_http:
+                                    srv = ups[s] if s.kind == "upstream" else ours_srv[s.mtp]
+                                    self.samples.append(self._e2e(srv, s, body, kv, n_out, temp, run))
+                            self.meter.sample()
+                finally:
+                    for srv in list(ups.values()) + list(ours_srv.values()):
+                        srv.stop()
+                    ctx.close()
+        finally:
+            model.close()
+        noise = self.meter.end()
+        noise["matrix_wall_s"] = time.perf_counter() - t_start
+        return {"prompt_ids": prompt_ids, "eog_bias_tokens": sorted(bias), "noise": noise}
+
+
+# --- aggregation ------------------------------------------------------------------------------------
+
+def aggregate(samples: Sequence[Sample], part: str) -> list[dict[str, Any]]:
+    """One row per (system, kv, n_out, temp): median tokens/s, mean acceptance, spread."""
+    groups: dict[tuple[Any, ...], list[Sample]] = {}
+    for s in samples:
+        if s.part == part and s.run >= 0:
+            groups.setdefault((s.system, s.family, s.draft_n, s.kv, s.n_out, s.temp), []).append(s)
+    rows = []
+    for (system, family, n, kv, n_out, temp), ss in groups.items():
+        tps = [s.tokens_per_s for s in ss]
+        drafted = sum(s.n_drafted for s in ss)
+        rows.append({
+            "system": system, "family": family, "draft_n": n, "kv": kv, "n_out": n_out, "temp": temp,
+            "runs": len(ss), "tokens_per_s": median(tps), "tokens_per_s_best": max(tps), "tokens_per_s_all": tps,
+            "spread": spread(tps),
+            "tokens_per_cpu_s": median([s.n_generated / s.cpu_s for s in ss if s.cpu_s > 0]),
+            "acceptance": (sum(s.n_accepted for s in ss) / drafted) if drafted else None,
+            "mean_tokens_per_round": None,
+        })
+        if ss[0].extra.get("n_rounds"):
+            rounds = sum(s.extra["n_rounds"] for s in ss)
+            rows[-1]["mean_tokens_per_round"] = (sum(s.n_generated for s in ss) - len(ss)) / rounds if rounds else None
+    # speedups within a cell: vs ours plain, vs upstream plain, vs upstream's best draft-mtp
+    by_cell: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        by_cell.setdefault((r["kv"], r["n_out"], r["temp"]), []).append(r)
+    for cell_rows in by_cell.values():
+        for stat, suffix in (("tokens_per_s", ""), ("tokens_per_s_best", "_best"), ("tokens_per_cpu_s", "_cpu")):
+            plain_ours = next((r[stat] for r in cell_rows if r["family"] == "ours plain"), None)
+            plain_up = next((r[stat] for r in cell_rows if r["family"] == "upstream plain"), None)
+            best_up = max((r[stat] for r in cell_rows if r["family"] == "upstream draft-mtp"), default=None)
+            for r in cell_rows:
+                r["vs_ours_plain" + suffix] = r[stat] / plain_ours if plain_ours else None
+                r["vs_upstream_plain" + suffix] = r[stat] / plain_up if plain_up else None
+                r["vs_upstream_best_mtp" + suffix] = r[stat] / best_up if best_up else None
+    rows.sort(key=lambda r: (r["kv"], r["n_out"], r["temp"], r["family"], r["draft_n"]))
+    return rows
+
+
+def identity_check(samples: Sequence[Sample]) -> list[dict[str, Any]]:
+    """At temperature 0, every system's output per (kv, n_out): in process by token ids (ours'
+    ids vs upstream's ``return_tokens``), over HTTP by text."""
+    out = []
+    keys = sorted({(s.part, s.kv, s.n_out) for s in samples if s.temp == 0.0 and s.run >= 0})
+    for part, kv, n_out in keys:
+        ss = [s for s in samples if (s.part, s.kv, s.n_out) == (part, kv, n_out) and s.temp == 0.0 and s.run >= 0]
+        if part == "inproc":
+            seqs = {s.system + f"#{s.run}": tuple(s.tokens) for s in ss if s.tokens is not None}
+        else:
+            seqs = {s.system + f"#{s.run}": s.text for s in ss if s.text is not None}
+        ref_name = next((k for k in seqs if k.startswith("ours plain")), next(iter(seqs), None))
+        ref = seqs.get(ref_name) if ref_name else None
+        mismatches = []
+        for name, seq in seqs.items():
+            if seq != ref:
+                first = next((i for i, (a, b) in enumerate(zip(seq, ref)) if a != b), min(len(seq), len(ref)))
+                mismatches.append({"system": name, "first_difference": first, "length": len(seq),
+                                   "reference_length": len(ref)})
+        out.append({"part": part, "kv": kv, "n_out": n_out, "compared": len(seqs), "reference": ref_name,
+                    "by": "token ids" if part == "inproc" else "text", "identical": not mismatches,
+                    "mismatches": mismatches})
+    return out
+
+
+def round_breakdown(samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where our in-process time per round goes (from ``GenerationStats``, medians over runs):
+    drafting (submit/wait), verifying (target decode + logits read back), sampling/verifying on
+    the host, and the rest of the loop (KV rollback, bookkeeping, text assembly)."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for s in samples:
+        if s["part"] == "inproc" and s["run"] >= 0 and s["system"].startswith("ours") and s["extra"].get("n_rounds"):
+            groups.setdefault((s["kv"], s["n_out"], s["temp"], s["system"]), []).append(s)
+    rows = []
+    for (kv, n_out, temp, system), ss in sorted(groups.items()):
+        def per_round(fn: Callable[[dict[str, Any]], float]) -> float:
+            return median([fn(x) / x["extra"]["n_rounds"] for x in ss]) * 1e6
+
+        gen = lambda x: x["wall_s"] - x["extra"]["t_prompt"]  # noqa: E731
+        rows.append({"kv": kv, "n_out": n_out, "temp": temp, "system": system,
+                     "round_us": per_round(gen),
+                     "draft_us": per_round(lambda x: x["extra"]["t_draft"]),
+                     "verify_us": per_round(lambda x: x["extra"]["t_verify"]),
+                     "sample_us": per_round(lambda x: x["extra"]["t_sample"]),
+                     "other_us": per_round(lambda x: gen(x) - x["extra"]["t_draft"] - x["extra"]["t_verify"]
+                                           - x["extra"]["t_sample"]),
+                     "tokens_per_round": median([(x["n_generated"] - 1) / x["extra"]["n_rounds"] for x in ss])})
+    return rows
+
+
+def noise_summary(rows: Sequence[dict[str, Any]], meter: dict[str, Any]) -> dict[str, Any]:
+    spreads = [r["spread"] for r in rows if r["runs"] > 1 and not math.isnan(r["spread"])]
+    return {**meter, "median_spread": median(spreads) if spreads else None,
+            "max_spread": max(spreads) if spreads else None,
+            "note": "spread = (max - min) / median of the runs of one cell; others_cores = CPU time of "
+                    "processes that are not ours or our servers, in cores, over the matrix's wall time"}
