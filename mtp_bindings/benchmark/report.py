@@ -323,6 +323,14 @@ def _cost_report(cost: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _save(plt: Any, fig: Any, path: Path) -> str:
+    """Lay out, write and close one figure; its file name for the report."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
+
+
 def make_plots(result: dict[str, Any], out_dir: Path) -> list[str]:
     try:
         import matplotlib
@@ -362,11 +370,7 @@ def make_plots(result: dict[str, Any], out_dir: Path) -> list[str]:
         for ax in list(axes.flat)[len(cells):]:
             ax.axis("off")
         axes.flat[0].legend(fontsize=7)
-        fig.tight_layout()
-        p = out_dir / f"{part}_tokens_per_s.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        files.append(p.name)
+        files.append(_save(plt, fig, out_dir / f"{part}_tokens_per_s.png"))
     sec = result.get("inproc")
     if sec and sec["rows"]:
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
@@ -384,11 +388,7 @@ def make_plots(result: dict[str, Any], out_dir: Path) -> list[str]:
         ax.set_ylabel("acceptance (accepted / drafted)")
         ax.set_ylim(0, 1)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        p = out_dir / "acceptance.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        files.append(p.name)
+        files.append(_save(plt, fig, out_dir / "acceptance.png"))
     cost = result.get("cost")
     if cost and cost.get("draft_ours"):
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -418,11 +418,7 @@ def make_plots(result: dict[str, Any], out_dir: Path) -> list[str]:
             a2.set_ylabel("time relative to 1 token")
             a2.set_title("target verify cost", fontsize=9)
             a2.legend(fontsize=7)
-        fig.tight_layout()
-        p = out_dir / "cost_structure.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        files.append(p.name)
+        files.append(_save(plt, fig, out_dir / "cost_structure.png"))
     sp = result.get("speedup")
     if sp and sp["rows"]:
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
@@ -442,9 +438,5 @@ def make_plots(result: dict[str, Any], out_dir: Path) -> list[str]:
         ax.set_xlabel("draft_n_max")
         ax.set_ylabel("speedup over plain")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        p = out_dir / "expected_speedup.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        files.append(p.name)
+        files.append(_save(plt, fig, out_dir / "expected_speedup.png"))
     return files
