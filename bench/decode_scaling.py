@@ -130,30 +130,10 @@ def distinct_shapes() -> list[dict[str, Any]]:
     return list(seen.values())
 
 
-def _tokenizer_kv(gguf: Any, vocab: int) -> list[tuple[str, Any, Any, Any]]:
-    """The fixture tokenizer's key/values, with the vocabulary padded to ``vocab`` with unused tokens."""
-    reader = gguf.GGUFReader(TOKENIZER_SOURCE)
-    out = []
-    for key, field in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        value = field.contents()
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        n_pad = vocab - len(value) if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.scores",
-                                              "tokenizer.ggml.token_type") else 0
-        if key == "tokenizer.ggml.tokens":
-            value = list(value) + [f"<unused{i}>" for i in range(n_pad)]
-        elif key == "tokenizer.ggml.scores":
-            value = list(value) + [0.0] * n_pad
-        elif key == "tokenizer.ggml.token_type":
-            value = list(value) + [int(gguf.TokenType.UNUSED)] * n_pad
-        out.append((key, value, vtype, sub))
-    return out
-
-
 def write_f16_target(path: Path, dims: Dims = Dims(), seed: int = SEED) -> None:
     """Write a random f16 target (tensor by tensor, so memory stays at one tensor)."""
+    from mtp_bindings.benchmark.models import random_matrix, tokenizer_fields
+
     gguf = _gguf()
     arch = "gemma4"
     w = gguf.GGUFWriter(path, arch)
@@ -180,7 +160,7 @@ def write_f16_target(path: Path, dims: Dims = Dims(), seed: int = SEED) -> None:
     w.add_uint32(f"{arch}.rope.dimension_count", dims.global_head_dim)
     w.add_uint32(f"{arch}.rope.dimension_count_swa", dims.head_dim)
     w.add_uint32("general.quantization_version", 2)
-    for key, value, vtype, sub in _tokenizer_kv(gguf, dims.vocab):
+    for key, value, vtype, sub in tokenizer_fields(gguf, TOKENIZER_SOURCE, dims.vocab):
         w.add_key_value(key, value, vtype, sub_type=sub)
 
     rng = np.random.default_rng(seed)
@@ -211,15 +191,6 @@ def write_f16_target(path: Path, dims: Dims = Dims(), seed: int = SEED) -> None:
         ]
     tensors.append(("output_norm.weight", (dims.hidden,), lambda: np.ones(dims.hidden, dtype=np.float32)))
 
-    def matrix(shape: tuple[int, ...]) -> np.ndarray:
-        out = np.empty(shape, dtype=np.float16)
-        std = 1.0 / np.sqrt(shape[1])
-        step = max(1, (1 << 24) // shape[1])
-        for r in range(0, shape[0], step):
-            block = rng.standard_normal((min(step, shape[0] - r), shape[1]), dtype=np.float32)
-            out[r:r + step] = block * std
-        return out
-
     for name, shape, _ in tensors:
         dtype = np.float16 if len(shape) == 2 else np.float32
         w.add_tensor_info(name, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
@@ -227,7 +198,7 @@ def write_f16_target(path: Path, dims: Dims = Dims(), seed: int = SEED) -> None:
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for name, shape, make in tensors:
-        w.write_tensor_data(matrix(shape) if make is None else make())
+        w.write_tensor_data(random_matrix(rng, shape) if make is None else make())
     w.close()
 
 
@@ -333,13 +304,15 @@ def _variant_env(libdir: str) -> dict[str, str]:
 
 
 class Worker:
-    def __init__(self, model: Path, threads: int, libdir: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__, "_worker", str(model), str(threads)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_variant_env(libdir))
+    """This script in a child process (``args``: ``_worker MODEL THREADS`` or ``_mtp_worker THREADS``) with
+    ``LIBDIR``'s ggml-cpu; one JSON line per request and answer."""
+
+    def __init__(self, args: Sequence[str], libdir: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, __file__, *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=_variant_env(libdir))
         ready = self._read()
         if not ready.get("ready"):
-            raise RuntimeError(f"worker for {model} failed to start: {ready}")
+            raise RuntimeError(f"worker {' '.join(args)} failed to start: {ready}")
 
     def _read(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
@@ -373,7 +346,7 @@ def measure_decode(models: dict[str, Path], variants: dict[str, str], ns: Sequen
     out: dict[str, Any] = {}
     for wtype, path in models.items():
         log(f"decode: {wtype} ({', '.join(variants)})")
-        workers = {name: Worker(path, threads, libdir) for name, libdir in variants.items()}
+        workers = {name: Worker(["_worker", str(path), str(threads)], libdir) for name, libdir in variants.items()}
         crashed: dict[str, dict[str, str]] = {v: {} for v in variants}
 
         def timed(v: str, cmd: str, n: int) -> tuple[float, float] | None:
@@ -386,7 +359,7 @@ def measure_decode(models: dict[str, Path], variants: dict[str, str], ns: Sequen
             except (RuntimeError, BrokenPipeError):
                 crashed[v][key] = workers[v].exit_reason()
                 log(f"{wtype} {v}: {cmd} of {n} tokens {crashed[v][key]}")
-                workers[v] = Worker(path, threads, variants[v])
+                workers[v] = Worker(["_worker", str(path), str(threads)], variants[v])
                 return None
 
         try:
@@ -481,20 +454,10 @@ def mtp_worker_main(threads: int) -> int:
     return 0
 
 
-class MtpWorker(Worker):
-    def __init__(self, threads: int, libdir: str) -> None:  # noqa: D107 (same protocol as Worker)
-        self.proc = subprocess.Popen([sys.executable, __file__, "_mtp_worker", str(threads)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     env=_variant_env(libdir))
-        ready = self._read()
-        if not ready.get("ready"):
-            raise RuntimeError(f"mtp worker failed to start: {ready}")
-
-
 def measure_mtp(variants: dict[str, str], drafts: Sequence[int], threads: int, rounds: int,
                 max_tokens: int) -> dict[str, Any]:
     """The trained pair's throughput (temperature 0) per variant and draft_n_max (0 = plain), interleaved."""
-    workers = {name: MtpWorker(threads, libdir) for name, libdir in variants.items()}
+    workers = {name: Worker(["_mtp_worker", str(threads)], libdir) for name, libdir in variants.items()}
     tps: dict[str, dict[int, list[float]]] = {v: {k: [] for k in drafts} for v in variants}
     acc: dict[str, dict[int, float]] = {v: {} for v in variants}
     outputs: dict[int, set[tuple[int, ...]]] = {k: set() for k in range(len(MTP_PROMPTS))}

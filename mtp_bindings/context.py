@@ -252,12 +252,7 @@ class Context(NativeHandle):
 
     def get_logits(self, i: int = -1) -> np.ndarray:
         """Logits of output row ``i`` of the last decode, a float32 array of ``n_vocab``."""
-        with self._lock:
-            i = self._check_output(i)
-            ptr = lib.llama_get_logits_ith(self.ptr, i)
-            if ptr == ffi.NULL:
-                raise DecodeError(f"no logits for output {i}")
-            return np.frombuffer(ffi.buffer(ptr, self._n_vocab * 4), dtype=np.float32).copy()
+        return self.logits_view(i).copy()
 
     def get_logits_all(self) -> np.ndarray:
         """All output rows of the last decode, ``[n_outputs, n_vocab]`` float32."""

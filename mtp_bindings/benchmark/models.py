@@ -56,7 +56,7 @@ def _gguf_module() -> Any:
     return _gguf()
 
 
-def _tokenizer_fields(gguf: Any, src: Path, vocab: int | None) -> list[tuple[str, Any, Any, Any]]:
+def tokenizer_fields(gguf: Any, src: Path, vocab: int | None) -> list[tuple[str, Any, Any, Any]]:
     """``tokenizer.*`` key/values of ``src``, the vocabulary padded with unused tokens to ``vocab``."""
     reader = gguf.GGUFReader(src)
     out = []
@@ -78,7 +78,8 @@ def _tokenizer_fields(gguf: Any, src: Path, vocab: int | None) -> list[tuple[str
     return out
 
 
-def _random_matrix(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+def random_matrix(rng: np.random.Generator, shape: tuple[int, int]) -> np.ndarray:
+    """Weights ~ N(0, 1/cols) as f16, generated in blocks of ~16M values (memory stays small)."""
     out = np.empty(shape, dtype=np.float16)
     std = 1.0 / math.sqrt(shape[1])
     step = max(1, (1 << 24) // shape[1])
@@ -135,7 +136,7 @@ def _layer_tensors(rng: np.random.Generator, i: int, hidden: int, ffn: int, n_he
         return lambda: np.ones(n, dtype=np.float32)
 
     def mat(rows: int, cols: int) -> Callable[[], np.ndarray]:
-        return lambda: _random_matrix(rng, (rows, cols))
+        return lambda: random_matrix(rng, (rows, cols))
 
     f16, f32 = np.float16, np.float32
     t = [
@@ -175,12 +176,12 @@ def write_target(path: Path, shape: Shape, tokenizer_src: Path, seed: int = 8) -
     kv += [("float32", f"{arch}.final_logit_softcapping", 30.0), ("uint32", f"{arch}.attention.shared_kv_layers", 0)]
     tensors: list[Any] = [("rope_freqs.weight", (shape.hd_full // 2,), np.float32, _rope_freqs(shape.hd_full)),
                           ("token_embd.weight", (shape.vocab, shape.hidden), np.float16,
-                           lambda: _random_matrix(rng, (shape.vocab, shape.hidden)))]
+                           lambda: random_matrix(rng, (shape.vocab, shape.hidden)))]
     for i, swa in enumerate(shape.layers):
         tensors += _layer_tensors(rng, i, shape.hidden, shape.ffn, shape.n_head, shape.n_head_kv,
                                   shape.hd_swa if swa else shape.hd_full, with_kv=True)
     tensors.append(("output_norm.weight", (shape.hidden,), np.float32, lambda: np.ones(shape.hidden, dtype=np.float32)))
-    _write_gguf(path, arch, kv, _tokenizer_fields(gguf, tokenizer_src, shape.vocab), tensors)
+    _write_gguf(path, arch, kv, tokenizer_fields(gguf, tokenizer_src, shape.vocab), tensors)
 
 
 def write_assistant(path: Path, shape: Shape, target: Path, centroid: bool, seed: int = 9) -> None:
@@ -198,19 +199,19 @@ def write_assistant(path: Path, shape: Shape, target: Path, centroid: bool, seed
         kv += [("uint32", f"{arch}.num_centroids", shape.n_centroids),
                ("uint32", f"{arch}.centroid_intermediate_top_k", shape.top_k)]
     tensors: list[Any] = [("rope_freqs.weight", (shape.hd_full // 2,), np.float32, _rope_freqs(shape.hd_full)),
-                          ("token_embd.weight", (shape.vocab, h), np.float16, lambda: _random_matrix(rng, (shape.vocab, h)))]
+                          ("token_embd.weight", (shape.vocab, h), np.float16, lambda: random_matrix(rng, (shape.vocab, h)))]
     for i, swa in enumerate(shape.a_layers):
         tensors += _layer_tensors(rng, i, h, shape.a_ffn, shape.a_n_head, shape.n_head_kv,
                                   shape.hd_swa if swa else shape.hd_full, with_kv=False)
     tensors += [("output_norm.weight", (h,), np.float32, lambda: np.ones(h, dtype=np.float32)),
-                ("nextn.post_projection.weight", (bb, h), np.float16, lambda: _random_matrix(rng, (bb, h))),
-                ("nextn.pre_projection.weight", (h, 2 * bb), np.float16, lambda: _random_matrix(rng, (h, 2 * bb)))]
+                ("nextn.post_projection.weight", (bb, h), np.float16, lambda: random_matrix(rng, (bb, h))),
+                ("nextn.pre_projection.weight", (h, 2 * bb), np.float16, lambda: random_matrix(rng, (h, 2 * bb)))]
     if centroid:
         tensors += [("masked_embd_centroids.weight", (shape.n_centroids, h), np.float16,
-                     lambda: _random_matrix(rng, (shape.n_centroids, h))),
+                     lambda: random_matrix(rng, (shape.n_centroids, h))),
                     ("masked_embd_ordering", (shape.vocab,), np.int32,
                      lambda: rng.permutation(shape.vocab).astype(np.int32))]
-    _write_gguf(path, arch, kv, _tokenizer_fields(gguf, target, None), tensors)
+    _write_gguf(path, arch, kv, tokenizer_fields(gguf, target, None), tensors)
 
 
 def _decode_scaling_module() -> Any | None:
