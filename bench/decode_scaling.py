@@ -286,7 +286,7 @@ def worker_main(model_path: str, threads: int) -> int:
     return 0
 
 
-OMP_WAIT_POLICY = "passive"  # set by --omp-wait
+OMP_WAIT_POLICY = ""  # set by --omp-wait
 
 
 def _variant_env(libdir: str) -> dict[str, str]:
@@ -692,8 +692,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--mtp-tokens", type=int, default=256, help="mtp: tokens generated per request")
     p.add_argument("--variant", action="append", default=[], metavar="NAME=LIBDIR",
                    help="compare libggml-cpu.so builds (LIBDIR empty: the package's own)")
-    p.add_argument("--omp-wait", default="passive", help="OMP_WAIT_POLICY of the measured processes "
-                   "(default passive: sleep at barriers; '' leaves the environment alone)")
+    p.add_argument("--omp-wait", default="", help="OMP_WAIT_POLICY of the measured processes "
+                   "(default '': the environment as it is, i.e. the package's threading default)")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"model files (default {DEFAULT_CACHE})")
     p.add_argument("--out", type=Path, default=RESULTS / "decode_scaling.json")
     p.add_argument("--plot", type=lambda v: Path(v) if v else None, default=RESULTS / "decode_scaling.png",

@@ -187,6 +187,32 @@ def restore_pristine(src: Path, applied: dict) -> None:
                 shutil.copyfile(f, target)
 
 
+def snapshot_patched(src: Path, applied: dict) -> dict[str, tuple[bytes, int]]:
+    """Content and mtime of every file the applied series changed or created."""
+    pristine = src / PRISTINE_DIR
+    rels = list(applied.get("created", []))
+    if pristine.is_dir():
+        rels += [str(f.relative_to(pristine)) for f in pristine.rglob("*") if f.is_file()]
+    snap = {}
+    for rel in rels:
+        f = src / rel
+        if f.is_file():
+            snap[rel] = (f.read_bytes(), f.stat().st_mtime_ns)
+    return snap
+
+
+def keep_unchanged_mtimes(src: Path, snap: dict[str, tuple[bytes, int]]) -> int:
+    """Give a re-patched file its old mtime when its content did not change, so that a new patch
+    recompiles only the files it changes (not everything the series touches: llama.h among them)."""
+    kept = 0
+    for rel, (data, mtime) in snap.items():
+        f = src / rel
+        if f.is_file() and f.read_bytes() == data:
+            os.utime(f, ns=(mtime, mtime))
+            kept += 1
+    return kept
+
+
 def apply_patches(src: Path, patch_dir: Path) -> list[str]:
     patches = sorted(patch_dir.glob("*.patch")) if patch_dir.is_dir() else []
     series = [{"name": p.name, "sha256": sha256_of(p)} for p in patches]
@@ -195,6 +221,7 @@ def apply_patches(src: Path, patch_dir: Path) -> list[str]:
     if applied.get("series") == series:
         return [p["name"] for p in series]
 
+    snap = snapshot_patched(src, applied)
     restore_pristine(src, applied)
     stamp.unlink(missing_ok=True)
     pristine = src / PRISTINE_DIR
@@ -216,6 +243,9 @@ def apply_patches(src: Path, patch_dir: Path) -> list[str]:
             raise SourceError(f"patch {patch.name} failed:\n{proc.stderr.strip()}")
         created_all.extend(created)
         log(f"applied {patch.name}")
+    kept = keep_unchanged_mtimes(src, snap)
+    if kept:
+        log(f"{kept} re-patched file(s) unchanged: their timestamps kept (no rebuild for them)")
     stamp.write_text(json.dumps({"series": series, "created": created_all}, indent=1) + "\n")
     return [p["name"] for p in series]
 

@@ -4,7 +4,7 @@ llama.cpp has one process-wide log callback. It is pointed here at a Python func
 forwards lines to the ``mtp_bindings.native`` logger when native logging is enabled, and otherwise
 only remembers the last error lines (so exceptions can say *why* a load failed) without printing
 anything. :func:`set_verbose` switches between the two; :class:`~mtp_bindings.Model` calls it with
-its ``verbose`` argument.
+its ``verbose`` argument. Loading applies the package's OpenMP default first (see :mod:`.threads`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,11 @@ import logging
 import threading
 from collections import deque
 
-from ._ffi import ffi, lib
+from . import threads
+
+# Loading the module loads libllama, ggml and libgomp: libgomp reads its waiting policy now or never.
+with threads.openmp_defaults():
+    from ._ffi import ffi, lib
 
 logger = logging.getLogger("mtp_bindings.native")
 

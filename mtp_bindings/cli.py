@@ -31,7 +31,9 @@ def _add_model_args(p: argparse.ArgumentParser, assistant_default: Path | None =
                    help="MTP assistant GGUF to attach (default: the bundled trained assistant)")
     p.add_argument("--no-mtp", action="store_true", help="do not attach an assistant (plain decoding)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size (default 4096)")
-    p.add_argument("-t", "--threads", type=int, default=None, help="threads (default: up to 8)")
+    p.add_argument("-t", "--threads", type=int, default=None,
+                   help="compute threads (default: the CPUs this process may use, at most 8; serve: shared by "
+                        "all slots); more than the usable CPUs warns")
     p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type of K (f16, q8_0, ...)")
     p.add_argument("-ctv", "--cache-type-v", default="f16", help="KV cache type of V (f16, q8_0, ...)")
     p.add_argument("-fa", "--flash-attn", default="auto", choices=["on", "off", "auto"])

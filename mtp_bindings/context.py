@@ -8,7 +8,6 @@ Give each thread its own context for parallel work.
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal, Sequence
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 import numpy as np
 
 from . import _native
+from .threads import check_threads, default_threads
 from ._handle import NativeHandle
 from ._native import ffi, lib
 from .exceptions import ContextError, ContextOverflowError, DecodeError, InvalidParameterError
@@ -32,10 +32,6 @@ FLASH_ATTN = {"auto": "LLAMA_FLASH_ATTN_TYPE_AUTO", "on": "LLAMA_FLASH_ATTN_TYPE
               "off": "LLAMA_FLASH_ATTN_TYPE_DISABLED"}
 
 LogitsSelect = Literal["last", "all", "none"] | Sequence[bool]
-
-
-def default_threads() -> int:
-    return max(1, min(os.cpu_count() or 1, 8))
 
 
 @dataclass
@@ -98,6 +94,7 @@ class ContextParams:
         p.n_seq_max = self.n_seq_max
         p.n_threads = self.n_threads or default_threads()
         p.n_threads_batch = self.n_threads_batch or p.n_threads
+        check_threads(max(p.n_threads, p.n_threads_batch))
         p.embeddings = self.embeddings
         p.type_k = getattr(lib, KV_TYPES[self.type_k])
         p.type_v = getattr(lib, KV_TYPES[self.type_v])
@@ -175,6 +172,7 @@ class Context(NativeHandle):
         for v in (n_threads, n_threads_batch):
             if v is not None and (not isinstance(v, int) or not 1 <= v <= 512):
                 raise InvalidParameterError(f"thread counts must be ints in 1..512, got {v!r}")
+        check_threads(max(n_threads, n_threads_batch or 0))
         with self._lock:
             lib.llama_set_n_threads(self.ptr, n_threads, n_threads_batch or n_threads)
 

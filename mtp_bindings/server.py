@@ -61,6 +61,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .exceptions import ContextOverflowError, InvalidParameterError, MTPBindingsError, TokenizeError
 from .presets import resolve_preset
 from .speculative import GenerationStats, TextPiece, generate
+from .threads import threads_per_slot
 
 logger = logging.getLogger(__name__)
 
@@ -963,8 +964,9 @@ def create_app(
     skip_streak: int | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``model`` (already loaded, assistant attached or not) as
-    ``model_name``. ``n_slots`` contexts of ``n_ctx`` tokens (``n_threads``, KV types and flash
-    attention as in :class:`~mtp_bindings.context.ContextParams`) are created when the app starts
+    ``model_name``. ``n_slots`` contexts of ``n_ctx`` tokens (KV types and flash attention as in
+    :class:`~mtp_bindings.context.ContextParams`; ``n_threads`` is the budget all slots share,
+    default the usable CPUs, see :func:`~mtp_bindings.threads.threads_per_slot`) are created when the app starts
     and freed when it stops; the model stays the caller's. Drafting defaults (``draft_n_max``,
     ``preset``, ``depth2``, ``skip_streak``) are :func:`generate`'s; requests may override
     ``draft_n_max``."""
@@ -976,7 +978,9 @@ def create_app(
         raise InvalidParameterError("api_key must be a non-empty string or None")
     draft = DraftDefaults(draft_n_max, preset, depth2, skip_streak)
     draft.validate()
-    context_kwargs = dict(n_ctx=n_ctx, n_threads=n_threads, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
+    if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1):
+        raise InvalidParameterError(f"n_threads must be a positive int or None, got {n_threads!r}")
+    context_kwargs = dict(n_ctx=n_ctx, n_threads=threads_per_slot(n_slots, n_threads), type_k=type_k, type_v=type_v, flash_attn=flash_attn,
                           embeddings=model.has_assistant)
     server = _Server(model, model_name=model_name, api_key=api_key, n_slots=n_slots, n_ctx=n_ctx,
                      context_kwargs=context_kwargs, draft=draft)

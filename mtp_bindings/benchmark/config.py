@@ -67,7 +67,7 @@ class BenchConfig:
     plots: bool = True
     seed_shuffle: int = 0
     nice: int = 0                      # niceness increment for this process and its servers (negative: priority)
-    omp_wait_policy: str = "passive"   # OMP_WAIT_POLICY for every system (see main_args); "default": unset
+    omp_wait_policy: str = "default"   # OMP_WAIT_POLICY for every system (see main_args); "default": unset
     pyspy_seconds: float = 20.0        # py-spy profile of the driver loop (0: off; needs py-spy)
 
     def to_json(self) -> dict[str, Any]:

@@ -1,0 +1,150 @@
+"""The package's threading defaults: how many compute threads a context gets, and how they wait.
+
+Pure Python (no native import), so the native layer can apply :func:`openmp_defaults` *before* it
+loads libllama (and with it libgomp, which reads its settings once, when it is loaded).
+
+Why (measured on a 2-core machine, ``bench/shared_cpu.py``, results in ``bench/results/``): ggml
+runs each graph on a team of threads that meet at a barrier after nearly every operation, hundreds
+of times per decode. A waiting thread that *spins* holds its CPU; when there are more runnable
+threads than CPUs (a second generating process, a busy browser tab, a server's second slot), the
+thread it waits for is often queued behind it, and every barrier costs a scheduler time slice:
+generation ran 30-700x slower beside one other busy process. So:
+
+* ggml's barriers spin ~8 us, then sleep (our patch ``0103``);
+* libgomp (graph start and end) spins ``OPENMP_SPIN_COUNT`` pauses instead of its default 300000
+  (~8 ms on CPUs with a slow ``pause``) — unless the user chose ``OMP_WAIT_POLICY`` or
+  ``GOMP_SPINCOUNT`` themselves;
+* the default thread count is the CPUs this process may use (affinity mask and cgroup quota), not
+  the machine's, capped at ``MAX_DEFAULT_THREADS``; a server's slots share that budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Iterator, MutableMapping
+
+logger = logging.getLogger("mtp_bindings")
+
+MAX_DEFAULT_THREADS = 8
+# libgomp's spin count (pauses) before a waiting thread sleeps. 300 measured best of 100..300000 on
+# the 2-core machine: alone as fast as libgomp's default (lower counts pay a wake-up at every graph
+# start: 100 was 2x slower alone), and 2-3x, not 30-700x, when sharing the CPU (higher counts
+# collapse again: 1000 gave 4-6x, 10000 25-50x). See bench/results/shared_cpu.md.
+OPENMP_SPIN_COUNT = 300
+# variables by which a user chooses libgomp's waiting: if any is set, we leave libgomp alone
+OPENMP_CHOICE_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, msg: str, *args: object) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(msg, *args)
+
+
+def _cgroup_v2_dirs(root: Path) -> list[Path]:
+    """This process's cgroup v2 directory and its ancestors (a quota may be set on any of them)."""
+    try:
+        rel = next(line.split("::", 1)[1].strip() for line in Path("/proc/self/cgroup").read_text().splitlines()
+                   if line.startswith("0::"))
+    except (OSError, StopIteration):
+        rel = "/"
+    leaf = root / rel.lstrip("/")
+    return [leaf, *(p for p in leaf.parents if p == root or root in p.parents)]
+
+
+def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """The CPU quota of this process's cgroup in CPUs (e.g. 1.5), or None without a quota.
+
+    cgroup v2 (``cpu.max``: ``"150000 100000"`` or ``"max 100000"``, on the process's cgroup or an
+    ancestor) and v1 (``cpu/cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, quota -1 = none)."""
+    limits = []
+    for d in _cgroup_v2_dirs(root):
+        try:
+            quota, period = (d / "cpu.max").read_text().split()[:2]
+            if quota != "max":
+                limits.append(int(quota) / int(period))
+        except (OSError, ValueError):
+            continue
+    if limits:
+        return min(limits)
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if quota <= 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask, bounded by its cgroup's CPU quota."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    if limit is not None:
+        n = min(n, math.ceil(limit))
+    return max(1, n)
+
+
+def default_threads() -> int:
+    """Compute threads of a context when none are given: the usable CPUs, at most 8."""
+    return min(usable_cpus(), MAX_DEFAULT_THREADS)
+
+
+def threads_per_slot(n_slots: int, n_threads: int | None = None) -> int:
+    """Threads of each of ``n_slots`` contexts that share ``n_threads`` (default: the default
+    budget), so that the slots together never run more compute threads than the budget."""
+    budget = n_threads or default_threads()
+    if n_slots > budget:
+        _warn_once(f"slots:{n_slots}:{budget}", "%d slots share %d CPU thread(s): each slot gets 1 thread, "
+                   "so busy slots run more threads than CPUs and slow each other down", n_slots, budget)
+    return max(1, budget // n_slots)
+
+
+def check_threads(n_threads: int) -> None:
+    """Warn (once per count) when ``n_threads`` exceeds the CPUs this process may use."""
+    cpus = usable_cpus()
+    if n_threads > cpus:
+        _warn_once(f"threads:{n_threads}", "%d threads requested but this process may use only %d CPU(s): "
+                   "threads that wait for each other on shared CPUs make generation much slower", n_threads, cpus)
+
+
+def libgomp_loaded() -> bool:
+    """Whether libgomp is already mapped into this process (then its settings are fixed)."""
+    try:
+        return "libgomp" in Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def openmp_defaults(environ: MutableMapping[str, str] = os.environ) -> Iterator[dict[str, str]]:
+    """Around the first load of the native library: give libgomp the package's spin count unless
+    the user chose one, and restore the environment afterwards (libgomp has read it by then, and
+    child processes should see the user's environment, not ours)."""
+    chosen = {k: environ[k] for k in OPENMP_CHOICE_VARS if k in environ}
+    applied: dict[str, str] = {}
+    if not chosen:
+        if libgomp_loaded():
+            _warn_once("libgomp", "libgomp was loaded before mtp_bindings (by another package), with its default "
+                       "spin-waiting: generation may be much slower while other processes use the CPU. "
+                       "Set GOMP_SPINCOUNT=%d before starting Python to avoid it", OPENMP_SPIN_COUNT)
+        else:
+            applied = {"GOMP_SPINCOUNT": str(OPENMP_SPIN_COUNT)}
+    environ.update(applied)
+    try:
+        yield applied
+    finally:
+        for k in applied:
+            environ.pop(k, None)
+
+
+__all__ = ["MAX_DEFAULT_THREADS", "OPENMP_SPIN_COUNT", "OPENMP_CHOICE_VARS", "cgroup_cpu_limit", "usable_cpus",
+           "default_threads", "threads_per_slot", "check_threads", "libgomp_loaded", "openmp_defaults"]
