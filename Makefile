@@ -1,24 +1,46 @@
-# The two quick-start commands (see README.md). Both build the package first: the build directory
-# (build/) persists, so only the first build compiles llama.cpp.
+# The two quick-start commands (see README.md): `make demo` and `make test`. Both work on a fresh
+# machine as written: they create a virtual environment in .venv (no activation needed) and install the
+# package into it, only when the sources changed since the last install. The build directory (build/)
+# persists, so only the first build compiles llama.cpp.
 PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# what a build depends on: a change to any of these reinstalls (tests, bench and docs do not)
+SOURCES := pyproject.toml CMakeLists.txt $(wildcard patches/*.patch build_support/*.py) \
+           $(shell find mtp_bindings -type f -not -path '*/__pycache__/*' 2>/dev/null)
+# pip shows the build's progress (-v streams CMake and ninja's [n/N] lines)
+PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -v
 
-.PHONY: install demo test bench fixtures clean
+.PHONY: install install-test demo test bench fixtures clean
 
-install:
-	$(PYTHON) -m pip install '.[test,server]'
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Users get the package alone; the tests and benchmarks also need upstream's llama-server (about half
+# of the compile time), built only when they ask for it.
+$(VENV)/.installed: $(PY) $(SOURCES)
+	MTP_BUILD_LLAMA_SERVER=OFF $(PY) build_support/build_progress.py -- $(PIP_INSTALL) .
+	touch $@
+
+$(VENV)/.installed-test: $(PY) $(SOURCES)
+	MTP_BUILD_LLAMA_SERVER=ON $(PY) build_support/build_progress.py -- $(PIP_INSTALL) '.[test,server,bench]'
+	touch $@ $(VENV)/.installed
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test
 
 demo: install
-	mtp-bindings demo
+	$(VENV)/bin/mtp-bindings demo
 
-test: install
-	pytest
+test: install-test
+	$(VENV)/bin/pytest
 
-bench: install
-	$(PYTHON) -m pip install '.[bench]'
-	mtp-bindings bench
+bench: install-test
+	$(VENV)/bin/mtp-bindings bench
 
-fixtures:
-	$(PYTHON) tools/make_fixtures.py
+fixtures: install-test
+	$(PY) tools/make_fixtures.py
 
 clean:
-	rm -rf build vendor
+	rm -rf build vendor $(VENV)

@@ -97,7 +97,7 @@ def test_a_process_allowed_one_cpu_computes_with_one_thread_by_default(trained_p
     assert out.stdout.strip() == "1"
 
 
-def test_server_slots_split_the_thread_budget():
+def test_a_thread_budget_splits_across_slots():
     assert threads.threads_per_slot(1, 8) == 8
     assert threads.threads_per_slot(2, 8) == 4
     assert threads.threads_per_slot(3, 8) == 2
@@ -147,3 +147,14 @@ def test_more_threads_than_usable_cpus_warn_once(caplog):
         threads.check_threads(too_many)
         threads.check_threads(too_many)
     assert len([r for r in caplog.records if "threads requested" in r.getMessage()]) == 1
+
+
+def test_server_slots_share_the_thread_budget(trained_paths):
+    from mtp_bindings import Model
+    from mtp_bindings.server import create_app
+
+    with Model(trained_paths[0]) as model:
+        app = create_app(model, model_name="m", n_slots=2, n_threads=4)
+        assert app.state.server.pool.context_kwargs["n_threads"] == 2
+        app = create_app(model, model_name="m", n_slots=3)
+        assert app.state.server.pool.context_kwargs["n_threads"] == max(1, threads.default_threads() // 3)
