@@ -8,14 +8,17 @@ Give each thread its own context for parallel work.
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import numpy as np
 
 from . import _native
-from .threads import check_threads, default_threads
+from .threads import (ADAPT_INTERVAL_S, check_threads, default_threads, runnable_threads, threads_for_load,
+                      usable_cpus)
 from ._handle import NativeHandle
 from ._native import ffi, lib
 from .exceptions import ContextError, ContextOverflowError, DecodeError, InvalidParameterError
@@ -49,6 +52,14 @@ class ContextParams:
     type_v: str = "f16"
     flash_attn: str = "auto"
     offload_kqv: bool = True
+    # compute with the part of the thread budget other work leaves free (see Context.adapt_threads);
+    # None: adapt exactly when n_threads is not given
+    adapt_threads: bool | None = None
+
+    @property
+    def adapts_threads(self) -> bool:
+        return (self.n_threads is None and self.n_threads_batch is None) if self.adapt_threads is None \
+            else bool(self.adapt_threads)
 
     def validate(self) -> None:
         for name in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max"):
@@ -65,6 +76,8 @@ class ContextParams:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 512):
                 raise InvalidParameterError(f"{name} must be an int in 1..512 or None, got {v!r}")
+        if self.adapt_threads is not None and not isinstance(self.adapt_threads, bool):
+            raise InvalidParameterError(f"adapt_threads must be a bool or None, got {self.adapt_threads!r}")
         for name in ("type_k", "type_v"):
             v = getattr(self, name)
             if v not in KV_TYPES:
@@ -147,6 +160,10 @@ class Context(NativeHandle):
         self._b_nseq[:] = 1
         self._b_seq_id, self._b_seq_rows = -1, 0  # rows of self._b_seq already holding _b_seq_id
         self._embeddings_on = self.params.embeddings
+        self._threads_budget = self._threads_now = int(lib.llama_n_threads(ptr))
+        self._adapt_threads = self.params.adapts_threads
+        self._next_adapt = 0.0
+        self._cpus = (usable_cpus(), os.cpu_count() or 1)  # (usable by this process, the machine's)
         self.n_outputs = 0
         self._mtp_state: Any = None  # set by mtp.py when an MTP request is in flight
 
@@ -175,6 +192,35 @@ class Context(NativeHandle):
         check_threads(max(n_threads, n_threads_batch or 0))
         with self._lock:
             lib.llama_set_n_threads(self.ptr, n_threads, n_threads_batch or n_threads)
+            self._threads_budget = self._threads_now = n_threads
+            self._adapt_threads = False  # an explicit count is used as given
+
+    @property
+    def n_threads(self) -> int:
+        """Threads the next decode computes with."""
+        return self._threads_now
+
+    def adapt_threads(self) -> int:
+        """For a context created without ``n_threads``: compute with the part of the thread budget
+        that other work leaves free right now (:func:`~mtp_bindings.threads.threads_for_load`),
+        re-read at most every ``ADAPT_INTERVAL_S``. The generation loop calls it between rounds,
+        when this context's own threads are idle. Results do not depend on the thread count.
+        Returns the thread count in effect."""
+        if not self._adapt_threads:
+            return self._threads_now
+        now = time.monotonic()
+        if now < self._next_adapt:
+            return self._threads_now
+        self._next_adapt = now + ADAPT_INTERVAL_S
+        running = runnable_threads()
+        if running is None:
+            return self._threads_now
+        n = threads_for_load(self._threads_budget, running - 1, *self._cpus)
+        if n != self._threads_now:
+            with self._lock:
+                lib.llama_set_n_threads(self.ptr, n, n)
+                self._threads_now = n
+        return n
 
     # --- decoding -------------------------------------------------------------------------------
 

@@ -980,7 +980,9 @@ def create_app(
     draft.validate()
     if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1):
         raise InvalidParameterError(f"n_threads must be a positive int or None, got {n_threads!r}")
-    context_kwargs = dict(n_ctx=n_ctx, n_threads=threads_per_slot(n_slots, n_threads), type_k=type_k, type_v=type_v, flash_attn=flash_attn,
+    # each slot gets its share of the budget; without an explicit n_threads it also adapts to the load
+    context_kwargs = dict(n_ctx=n_ctx, n_threads=threads_per_slot(n_slots, n_threads),
+                          adapt_threads=n_threads is None, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
                           embeddings=model.has_assistant)
     server = _Server(model, model_name=model_name, api_key=api_key, n_slots=n_slots, n_ctx=n_ctx,
                      context_kwargs=context_kwargs, draft=draft)
@@ -988,8 +990,8 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await anyio.to_thread.run_sync(server.pool.start)
-        logger.info("serving %s: %d slot(s) of %d tokens, MTP %s", model_name, n_slots, n_ctx,
-                    "on" if model.has_assistant else "off (no assistant)")
+        logger.info("serving %s: %d slot(s) of %d tokens, %d compute thread(s) each, MTP %s", model_name, n_slots,
+                    n_ctx, context_kwargs["n_threads"], "on" if model.has_assistant else "off (no assistant)")
         try:
             yield
         finally:

@@ -295,6 +295,7 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
         # output must not depend on whether drafting is on.
         if len(history) > 1:
             ctx.set_embeddings(False)
+        ctx.adapt_threads()
             ctx.decode(history[:-1], pos=0, seq_id=seq_id, logits="none")
         ctx.set_embeddings(drafting)
         ctx.decode(history[-1:], pos=len(history) - 1, seq_id=seq_id)
@@ -342,6 +343,7 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
             t = time.perf_counter()
             n_acc, y = sampler.verify(rows, drafts, history)
             stats.t_sample += time.perf_counter() - t
+            ctx.adapt_threads()  # here the drafting worker is done and the compute threads are idle
             if n_acc < len(drafts):
                 ctx.seq_rm(seq_id, attn_pos + 2 + n_acc, -1)
             if drafting:

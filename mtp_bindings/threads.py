@@ -15,7 +15,11 @@ generation ran 30-700x slower beside one other busy process. So:
   (~8 ms on CPUs with a slow ``pause``) — unless the user chose ``OMP_WAIT_POLICY`` or
   ``GOMP_SPINCOUNT`` themselves;
 * the default thread count is the CPUs this process may use (affinity mask and cgroup quota), not
-  the machine's, capped at ``MAX_DEFAULT_THREADS``; a server's slots share that budget.
+  the machine's, capped at ``MAX_DEFAULT_THREADS``; a server's slots share that budget;
+* a context left at the default (no ``n_threads`` given) computes with the part of that budget other
+  work leaves free *now* (:func:`threads_for_load`, checked by the generation loop every
+  ``ADAPT_INTERVAL_S``): threads that wait for each other at hundreds of barriers per token do best
+  when none of them has to queue for a CPU. An explicit ``n_threads`` is always used as given.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ MAX_DEFAULT_THREADS = 8
 OPENMP_SPIN_COUNT = 300
 # variables by which a user chooses libgomp's waiting: if any is set, we leave libgomp alone
 OPENMP_CHOICE_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+# how often a default-threaded context re-reads the machine's load (a /proc read, ~20 us)
+ADAPT_INTERVAL_S = 0.1
 
 _warned: set[str] = set()
 
@@ -116,6 +122,25 @@ def check_threads(n_threads: int) -> None:
                    "threads that wait for each other on shared CPUs make generation much slower", n_threads, cpus)
 
 
+def runnable_threads(loadavg: Path = Path("/proc/loadavg")) -> int | None:
+    """Threads runnable on the machine right now, the caller included (``/proc/loadavg``'s
+    ``running/total`` field), or None where the kernel does not say."""
+    try:
+        return int(loadavg.read_text().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def threads_for_load(budget: int, others_running: int, usable: int, machine: int) -> int:
+    """Threads to compute with when ``others_running`` threads of other work are runnable on a
+    machine of ``machine`` CPUs, of which this process may use ``usable``: the budget, less the
+    CPUs that work occupies (spread evenly over the machine's CPUs: a container sees the host's
+    count), at least 1. With 2 CPUs: nothing else running -> 2; a busy loop -> 1; another
+    2-thread generation -> 1 (each process then computes on a CPU of its own)."""
+    busy = others_running * usable / max(machine, 1)
+    return max(1, min(budget, int(usable - busy + 0.5)))
+
+
 def libgomp_loaded() -> bool:
     """Whether libgomp is already mapped into this process (then its settings are fixed)."""
     try:
@@ -146,5 +171,6 @@ def openmp_defaults(environ: MutableMapping[str, str] = os.environ) -> Iterator[
             environ.pop(k, None)
 
 
-__all__ = ["MAX_DEFAULT_THREADS", "OPENMP_SPIN_COUNT", "OPENMP_CHOICE_VARS", "cgroup_cpu_limit", "usable_cpus",
-           "default_threads", "threads_per_slot", "check_threads", "libgomp_loaded", "openmp_defaults"]
+__all__ = ["MAX_DEFAULT_THREADS", "OPENMP_SPIN_COUNT", "OPENMP_CHOICE_VARS", "ADAPT_INTERVAL_S", "cgroup_cpu_limit",
+           "usable_cpus", "default_threads", "threads_per_slot", "check_threads", "runnable_threads",
+           "threads_for_load", "libgomp_loaded", "openmp_defaults"]

@@ -158,3 +158,49 @@ def test_server_slots_share_the_thread_budget(trained_paths):
         assert app.state.server.pool.context_kwargs["n_threads"] == 2
         app = create_app(model, model_name="m", n_slots=3)
         assert app.state.server.pool.context_kwargs["n_threads"] == max(1, threads.default_threads() // 3)
+
+
+def test_logits_do_not_depend_on_the_thread_count(trained_paths):
+    from mtp_bindings import Model
+
+    with Model(trained_paths[0]) as model:
+        toks = model.tokenize("def parse_args(argv):\n    x = 1\n")
+        rows = []
+        for n in (1, 2):
+            with model.create_context(n_ctx=256, n_threads=n) as ctx:
+                ctx.decode(toks, pos=0, logits="all")
+                rows.append([ctx.logits_view(i).copy() for i in range(len(toks))])
+    assert all((a == b).all() for a, b in zip(*rows))
+
+
+def test_free_cpus_decide_the_thread_count():
+    assert threads.threads_for_load(2, 0, 2, 2) == 2   # alone
+    assert threads.threads_for_load(2, 1, 2, 2) == 1   # beside a busy loop
+    assert threads.threads_for_load(2, 2, 2, 2) == 1   # beside another 2-thread generation
+    assert threads.threads_for_load(8, 1, 8, 8) == 7
+    assert threads.threads_for_load(4, 30, 4, 64) == 2  # a container on a busy 64-CPU host
+
+
+def test_runnable_threads_come_from_loadavg(tmp_path):
+    (tmp_path / "loadavg").write_text("0.52 0.58 0.59 3/467 12345\n")
+    assert threads.runnable_threads(tmp_path / "loadavg") == 3
+    assert threads.runnable_threads(tmp_path / "missing") is None
+
+
+def test_a_default_context_gives_way_to_busy_cpus_and_an_explicit_one_does_not(trained_paths):
+    from mtp_bindings import Model
+
+    cpus = threads.usable_cpus()
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cpus)]
+    try:
+        time.sleep(0.3)
+        with Model(trained_paths[0]) as model, model.create_context(n_ctx=256) as auto, \
+                model.create_context(n_ctx=256, n_threads=cpus) as explicit:
+            for ctx in (auto, explicit):
+                model.generate("def f(x):\n", context=ctx, max_tokens=8, draft_n_max=0)
+            assert auto.n_threads == 1
+            assert explicit.n_threads == cpus
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
