@@ -37,6 +37,7 @@ def main(argv: list[str]) -> int:
     t0 = time.monotonic()
     tail: collections.deque[str] = collections.deque(maxlen=60)
     last_pct = -5
+    shown: set[str] = set()  # stage markers already announced (pip prints some twice)
 
     def say(msg: str) -> None:
         print(f"[build {time.monotonic() - t0:5.0f}s] {msg}", flush=True)
@@ -56,9 +57,10 @@ def main(argv: list[str]) -> int:
                     last_pct = pct
                     say(f"compiling {m.group(1)}/{m.group(2)} ({pct}%)")
                 continue
-            for marker, shown in STAGES:
-                if marker in text:
-                    say(shown or text)
+            for marker, label in STAGES:
+                if marker in text and (label is None or marker not in shown):
+                    shown.add(marker)
+                    say(label or text)
             if text.startswith(("ERROR", "error:", "FAILED")) or "CMake Error" in text:
                 say(text)
         rc = proc.wait()
