@@ -9,10 +9,13 @@ the tokens it had produced (marked ``>=`` in the table: a lower bound of the col
 Configurations are environments, so the same installed package is measured as users get it:
 
 * ``default``: nothing set (what ``pip install`` users get now);
+* ``fixed-threads``: ``n_threads`` given explicitly (the usable CPUs), so the context does not give
+  way to other work: the barrier and spin-count part of the default alone;
 * ``libgomp-default``: ``GOMP_SPINCOUNT=300000``, libgomp's own spin count when
   ``OMP_WAIT_POLICY`` is unset (what users got before the package chose a default);
 * ``passive`` / ``active``: ``OMP_WAIT_POLICY`` set by the user;
-* anything else given as ``NAME=VAR=VALUE[,VAR=VALUE]`` with ``--config``, e.g. an older
+* anything else given as ``NAME=VAR=VALUE[,VAR=VALUE]`` with ``--config`` (``threads=N``: the
+  context's ``n_threads``, not an environment variable), e.g. an older
   ``libggml-cpu.so`` with ``LD_PRELOAD=DIR/libggml-cpu.so,LD_LIBRARY_PATH=DIR`` (DIR: a copy of the
   package's ``lib/`` with that library in it).
 
@@ -39,6 +42,7 @@ RESULTS = ROOT / "bench" / "results"
 
 STANDARD_CONFIGS = {
     "default": {},
+    "fixed-threads": {"threads": str(len(os.sched_getaffinity(0)))},
     "libgomp-default": {"GOMP_SPINCOUNT": "300000"},
     "passive": {"OMP_WAIT_POLICY": "passive"},
     "active": {"OMP_WAIT_POLICY": "active"},
@@ -82,9 +86,10 @@ def config_env(overrides: dict[str, str]) -> dict[str, str]:
 def run_scenario(scenario: str, mode: str, overrides: dict[str, str], args: argparse.Namespace) -> list[dict]:
     """Start the scenario's processes, release them together, and collect each one's time."""
     n_workers = 2 if scenario == "pair" else 1
+    overrides = dict(overrides)
+    threads = overrides.pop("threads", str(args.threads))
     env = config_env(overrides)
-    cmd = [sys.executable, "-c", WORKER, mode, str(args.gens), str(args.tokens), str(args.threads),
-           json.dumps(PROMPTS)]
+    cmd = [sys.executable, "-c", WORKER, mode, str(args.gens), str(args.tokens), threads, json.dumps(PROMPTS)]
     procs = [subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
              for _ in range(n_workers)]
     busy = None
@@ -217,7 +222,7 @@ def report(result: dict) -> str:
                 row.append("—" if c is None else f"{'' if c[2] else '>='}{c[0]:.2f} ({c[1]:.1f}x)")
             row.append(f"{base[0] / alone[0]:.2f}x" if base else "—")
             lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "Configurations: " + "; ".join(
+    lines += ["", "Configurations (`threads`: the context's n_threads; the rest: environment): " + "; ".join(
         f"`{n}` = {', '.join(f'{k}={v}' for k, v in env.items()) or 'nothing set'}"
         for n, env in result["configs"].items()), ""]
     return "\n".join(lines)
