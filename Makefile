@@ -5,6 +5,8 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+# the venv's console scripts (mtp-bindings) first on PATH, for the commands and the tests they run
+RUN    := PATH="$(abspath $(VENV))/bin:$$PATH"
 # what a build depends on: a change to any of these reinstalls (tests, bench and docs do not)
 SOURCES := pyproject.toml CMakeLists.txt $(wildcard patches/*.patch build_support/*.py) \
            $(shell find mtp_bindings -type f -not -path '*/__pycache__/*' 2>/dev/null)
@@ -31,13 +33,13 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 demo: install
-	$(VENV)/bin/mtp-bindings demo
+	$(RUN) mtp-bindings demo
 
 test: install-test
-	$(VENV)/bin/pytest
+	$(RUN) pytest
 
 bench: install-test
-	$(VENV)/bin/mtp-bindings bench
+	$(RUN) mtp-bindings bench
 
 fixtures: install-test
 	$(PY) tools/make_fixtures.py
