@@ -32,26 +32,37 @@ _LEVELS = {
 _state_lock = threading.Lock()
 _verbose = False
 _initialised = False
-_partial: list[str] = []
-_partial_level = logging.INFO
-_recent_errors: deque[str] = deque(maxlen=16)
+
+# Native log lines are kept per OS thread (llama.cpp logs on the thread that calls it), so that an
+# exception raised on one thread -- a server slot, the drafting worker -- never carries the error
+# text of another. Keyed by thread id (a native thread's callbacks may each get a fresh Python
+# thread state, so threading.local would not keep a partial line between them).
+_MAX_THREADS_TRACKED = 256
+_lines_lock = threading.Lock()
+_partial: dict[int, tuple[int, list[str]]] = {}   # thread -> (level, pieces of an unfinished line)
+_recent_errors: dict[int, deque[str]] = {}        # thread -> its last warning/error lines
 
 
 @ffi.def_extern()
 def _mtp_log_callback(level: int, text, user_data) -> None:  # noqa: ANN001 (cffi types)
-    global _partial_level
     s = ffi.string(text).decode("utf-8", errors="replace")
-    if level != lib.GGML_LOG_LEVEL_CONT:
-        _partial_level = _LEVELS.get(level, logging.INFO)
-    _partial.append(s)
-    if not s.endswith("\n"):
-        return
-    line = "".join(_partial).rstrip("\n")
-    _partial.clear()
-    if _partial_level >= logging.WARNING:
-        _recent_errors.append(line)
+    tid = threading.get_ident()
+    with _lines_lock:
+        lvl, pieces = _partial.get(tid, (logging.INFO, []))
+        if level != lib.GGML_LOG_LEVEL_CONT:
+            lvl = _LEVELS.get(level, logging.INFO)
+        pieces.append(s)
+        if not s.endswith("\n"):
+            _partial[tid] = (lvl, pieces)
+            return
+        _partial.pop(tid, None)
+        line = "".join(pieces).rstrip("\n")
+        if lvl >= logging.WARNING:
+            if tid not in _recent_errors and len(_recent_errors) >= _MAX_THREADS_TRACKED:
+                _recent_errors.pop(next(iter(_recent_errors)))  # the longest-tracked thread's lines
+            _recent_errors.setdefault(tid, deque(maxlen=16)).append(line)
     if _verbose:
-        logger.log(_partial_level, "%s", line)
+        logger.log(lvl, "%s", line)
 
 
 def set_verbose(verbose: bool) -> None:
@@ -61,13 +72,15 @@ def set_verbose(verbose: bool) -> None:
     exception messages.
     """
     global _verbose
-    _verbose = bool(verbose)
+    with _state_lock:
+        _verbose = bool(verbose)
 
 
 def pop_recent_errors() -> str:
-    """The warning/error lines logged since the last call, joined (for exception messages)."""
-    lines = list(_recent_errors)
-    _recent_errors.clear()
+    """The warning/error lines the calling thread's native calls logged since its last call,
+    joined (for exception messages)."""
+    with _lines_lock:
+        lines = _recent_errors.pop(threading.get_ident(), ())
     return "; ".join(line.strip() for line in lines if line.strip())
 
 

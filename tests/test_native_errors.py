@@ -1,0 +1,35 @@
+"""Native error text reaches the exception of the thread whose call failed, and no other thread's."""
+
+from __future__ import annotations
+
+import threading
+
+from mtp_bindings import ModelLoadError
+from mtp_bindings.model import Model
+
+
+def test_concurrent_failures_each_report_their_own_native_error(trained_paths, tmp_path):
+    data = trained_paths[0].read_bytes()[:5000]  # a GGUF cut inside its metadata
+    paths = [tmp_path / f"truncated-{i}.gguf" for i in range(4)]
+    for p in paths:
+        p.write_bytes(data)
+    messages: dict[int, list[str]] = {i: [] for i in range(len(paths))}
+
+    def load(i: int) -> None:
+        for _ in range(10):
+            try:
+                Model(paths[i])
+            except ModelLoadError as e:
+                messages[i].append(str(e))
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(len(paths))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for i, msgs in messages.items():
+        assert len(msgs) == 10
+        for m in msgs:
+            assert "failed to read key-value pairs" in m  # the native reason is there...
+            others = [p.name for j, p in enumerate(paths) if j != i]
+            assert not any(o in m for o in others), m      # ...and only this thread's
