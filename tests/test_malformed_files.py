@@ -56,3 +56,19 @@ def test_out_of_range_bos_token_id_loads_and_tokenizes_without_crashing(tmp_path
     bad = tmp_path / "bad-bos.gguf"
     bad.write_bytes(bytes(data))
     assert gguf_mutate.run_case(bad, "model") == "ok"
+
+
+def test_two_tokens_with_the_same_text_fail_the_load_instead_of_aborting(tmp_path):
+    # found by the campaign (issue 17): GGML_ASSERT in llama-vocab.cpp aborted the process (fixed by patch 0008)
+    import struct
+
+    data = fixture_path("dense-target.gguf").read_bytes()
+    one, zero = struct.pack("<Q", 6) + b"<0x01>", struct.pack("<Q", 6) + b"<0x00>"
+    assert data.count(one) == 1 and data.count(zero) == 1
+    bad = tmp_path / "duplicate-token.gguf"
+    bad.write_bytes(data.replace(one, zero))
+    assert gguf_mutate.run_case(bad, "model") == "typed:ModelLoadError"  # a subprocess: an abort would be crash:-6
+    from mtp_bindings import Model, ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="same text for tokens"):
+        Model(bad)
