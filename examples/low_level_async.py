@@ -3,16 +3,12 @@
     python examples/low_level_async.py
 """
 
-from pathlib import Path
-
 import numpy as np
 
-import mtp_bindings
 from mtp_bindings import Model
+from mtp_bindings.models import ASSISTANT, TARGET  # the bundled tiny pair: it writes gibberish
 
-MODELS = Path(mtp_bindings.__file__).parent / "models"
-
-with Model(MODELS / "trained-target.gguf", assistant=MODELS / "trained-assistant.gguf") as model:
+with Model(TARGET, assistant=ASSISTANT) as model:
     with model.create_context(n_ctx=512, embeddings=True) as ctx:
         prompt = model.tokenize("import os\nimport sys\n")
         ctx.decode(prompt)                              # target pass over the prompt

@@ -3,14 +3,10 @@
     python examples/quickstart.py
 """
 
-from pathlib import Path
-
-import mtp_bindings
 from mtp_bindings import Model
+from mtp_bindings.models import ASSISTANT, TARGET  # the bundled tiny pair: it writes gibberish
 
-MODELS = Path(mtp_bindings.__file__).parent / "models"
-
-with Model(MODELS / "trained-target.gguf", assistant=MODELS / "trained-assistant.gguf") as model:
+with Model(TARGET, assistant=ASSISTANT) as model:
     for draft_n_max in (0, 2):
         result = model.generate("def read_config(path):\n", max_tokens=64, draft_n_max=draft_n_max)
         s = result.stats

@@ -3,14 +3,10 @@
     python examples/streaming_chat.py
 """
 
-from pathlib import Path
-
-import mtp_bindings
 from mtp_bindings import Model
+from mtp_bindings.models import ASSISTANT, TARGET  # the bundled tiny pair: it writes gibberish
 
-MODELS = Path(mtp_bindings.__file__).parent / "models"
-
-with Model(MODELS / "trained-target.gguf", assistant=MODELS / "trained-assistant.gguf") as model:
+with Model(TARGET, assistant=ASSISTANT) as model:
     messages = [{"role": "user", "content": "Write a function that reverses a list."}]
     stats = None
     for piece in model.chat(messages, max_tokens=64, temperature=0.7, seed=42, stream=True):

@@ -3,11 +3,21 @@ patched llama.cpp.
 
 The layers, from safe to expert: :class:`Model` / :class:`Context` (this package),
 :mod:`mtp_bindings.speculative` (the generation driver), :mod:`mtp_bindings.mtp` (the async MTP
-draft API), :mod:`mtp_bindings.low_level` (raw cffi ``ffi``/``lib``).
+draft API), :mod:`mtp_bindings.low_level` (raw cffi ``ffi``/``lib``). The bundled tiny models are
+:data:`mtp_bindings.models.TARGET` and :data:`mtp_bindings.models.ASSISTANT`.
+
+Importing the package loads no native code: ``Model``, ``Context``, ``ContextParams`` and
+``set_verbose`` load libllama on first use, so that ``mtp-bindings --version`` / ``--help`` are
+instant and Ctrl-C during a command's start-up is the command's to handle.
 """
 
-from .context import Context, ContextParams
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .exceptions import (
+    AssistantFileNotFoundError,
     AssistantLoadError,
     ContextError,
     ContextOverflowError,
@@ -22,14 +32,34 @@ from .exceptions import (
     NoAssistantError,
     TokenizeError,
 )
-from .model import Model
-from ._native import set_verbose
+
+if TYPE_CHECKING:
+    from ._native import set_verbose
+    from .context import Context, ContextParams
+    from .model import Model
 
 __version__ = "0.1.0"
+
+# name -> the module that defines it, imported on first access (PEP 562)
+_LAZY = {"Model": ".model", "Context": ".context", "ContextParams": ".context", "set_verbose": "._native"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "Model", "Context", "ContextParams", "set_verbose",
     "MTPBindingsError", "InvalidParameterError", "ModelLoadError", "ModelFileNotFoundError",
-    "AssistantLoadError", "ContextError", "TokenizeError", "DecodeError", "ContextOverflowError",
-    "MTPError", "MTPBusyError", "NoAssistantError", "GenerationCancelled",
+    "AssistantLoadError", "AssistantFileNotFoundError", "ContextError", "TokenizeError", "DecodeError",
+    "ContextOverflowError", "MTPError", "MTPBusyError", "NoAssistantError", "GenerationCancelled",
 ]

@@ -27,6 +27,10 @@ class AssistantLoadError(ModelLoadError):
         self.code = code
 
 
+class AssistantFileNotFoundError(AssistantLoadError, ModelFileNotFoundError):
+    """The assistant path does not exist or is not a file."""
+
+
 class ContextError(MTPBindingsError):
     """A context could not be created (bad parameters, out of memory) or was used after close."""
 

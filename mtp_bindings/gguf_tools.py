@@ -55,16 +55,48 @@ class GGUFSummary:
         return self.metadata.get(f"{self.arch}.{suffix}", default)
 
 
+class _Truncated(Exception):
+    """A read past the end of the file."""
+
+    def __init__(self, end: int, size: int) -> None:
+        super().__init__(f"it has {size:,} bytes, but its header describes data up to byte {end:,}")
+
+
+def _open_reader(p: Path) -> Any:
+    """gguf-py's reader on ``p``, made to notice a file that ends early: its reads past the end
+    return short arrays, which fail later with numpy's words ("When changing to a larger dtype...")."""
+    gguf = _gguf()
+
+    class CheckedReader(gguf.GGUFReader):  # type: ignore[misc,name-defined]
+        def _get(self, offset: int, dtype: Any, count: int = 1, *args: Any, **kwargs: Any) -> Any:
+            end = int(offset) + np.dtype(dtype).itemsize * int(count)
+            if end > len(self.data):
+                raise _Truncated(end, len(self.data))
+            return super()._get(offset, dtype, count, *args, **kwargs)
+
+    return CheckedReader(str(p), "r")
+
+
 def read_summary(path: str | os.PathLike[str]) -> GGUFSummary:
-    """Parse ``path``'s header; raises :class:`ModelLoadError` for anything that is not a readable GGUF."""
+    """Parse ``path``'s header; raises :class:`ModelLoadError` for anything that is not a readable
+    GGUF (missing, not a GGUF, truncated, corrupt), saying which."""
     p = Path(path)
     if not p.is_file():
         raise ModelLoadError(f"no such file: {p}")
-    gguf = _gguf()
+    with open(p, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{p} is not a GGUF file (starts with {magic!r}, expected b'GGUF')")
     try:
-        reader = gguf.GGUFReader(str(p), "r")
-    except Exception as e:  # the reader raises ValueError, IndexError, struct errors...
-        raise ModelLoadError(f"{p} is not a readable GGUF: {type(e).__name__}: {e}") from None
+        reader = _open_reader(p)
+    except _Truncated as e:
+        raise ModelLoadError(f"{p} is truncated: {e}") from None
+    except ValueError as e:
+        if "remaining file size" not in str(e):  # gguf-py's own check of a string's length
+            raise ModelLoadError(f"{p} is corrupt, not a readable GGUF: {e}") from None
+        raise ModelLoadError(f"{p} is truncated: {e}") from None
+    except Exception as e:  # the reader raises IndexError, KeyError, ...
+        raise ModelLoadError(f"{p} is corrupt, not a readable GGUF: {type(e).__name__}: {e}") from None
     meta: dict[str, Any] = {}
     for name, f in reader.fields.items():
         if name.startswith("tokenizer.ggml.") and name.split(".")[-1] in ("tokens", "scores", "token_type", "merges"):
@@ -228,6 +260,23 @@ def to_design_layout(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -
                         add_keys=add)
 
 
+def _head(s: GGUFSummary) -> str:
+    """An assistant's LM head: ``centroid`` (centroids + token ordering) or ``dense``."""
+    return "centroid" if LAYOUT_TENSORS[s.arch][2] in s.tensors else "dense"
+
+
+def _layout(s: GGUFSummary) -> str:
+    return "upstream (nextn.*)" if s.arch == UPSTREAM_ARCH else "design (mtp.*)"
+
+
+def describe_assistant_head(path: str | os.PathLike[str]) -> str:
+    """One line about an assistant GGUF: its head type, layout and size (``-v`` of the CLI)."""
+    s = read_summary(path)
+    if s.arch not in LAYOUT_TENSORS:
+        return f"architecture {s.arch!r}"
+    return f"{_head(s)} head, {_layout(s)} layout, {s.n_params / 1e6:.2f}M params"
+
+
 def describe(path: str | os.PathLike[str], target: str | os.PathLike[str] | None = None) -> str:
     """A human summary of a GGUF (the ``info`` command)."""
     s = read_summary(path)
@@ -247,9 +296,8 @@ def describe(path: str | os.PathLike[str], target: str | os.PathLike[str] | None
     if emb:
         lines.append(f"{'n_vocab':<28}{emb[1][-1]}")
     if s.arch in LAYOUT_TENSORS:
-        head = "centroid" if LAYOUT_TENSORS[s.arch][2] in s.tensors else "dense"
-        lines.append(f"{'mtp layout':<28}{'upstream (nextn.*)' if s.arch == UPSTREAM_ARCH else 'design (mtp.*)'}")
-        lines.append(f"{'lm head':<28}{head}")
+        lines.append(f"{'mtp layout':<28}{_layout(s)}")
+        lines.append(f"{'lm head':<28}{_head(s)}")
         problems = verify_assistant(path, target)
         verdict = "compatible" if not problems else "NOT compatible: " + "; ".join(problems)
         lines.append(f"{'mtp check':<28}{verdict}" + (f" (with target {target})" if target else ""))

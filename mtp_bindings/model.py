@@ -3,6 +3,7 @@ and metadata. It owns the native ``llama_model`` and frees it on :meth:`Model.cl
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import weakref
@@ -16,15 +17,20 @@ from . import _native
 from ._handle import NativeHandle
 from ._native import ffi, lib
 from .exceptions import (
+    AssistantFileNotFoundError,
+    AssistantLoadError,
     ContextError,
     InvalidParameterError,
     ModelFileNotFoundError,
     ModelLoadError,
     TokenizeError,
 )
+from .limits import default_n_ctx
 
 if TYPE_CHECKING:
     from .context import Context, ContextParams
+
+logger = logging.getLogger("mtp_bindings")
 
 ProgressCallback = Callable[[float], "bool | None"]
 
@@ -42,19 +48,23 @@ def _mtp_progress_callback(progress: float, user_data) -> bool:  # noqa: ANN001 
 
 
 def check_gguf_file(path: str | os.PathLike[str], what: str = "model") -> Path:
-    """Raise a typed error unless ``path`` is a readable file that starts like a GGUF."""
+    """Raise a typed error unless ``path`` is a readable file that starts like a GGUF: for an
+    ``assistant`` :class:`AssistantFileNotFoundError` / :class:`AssistantLoadError`, else
+    :class:`ModelFileNotFoundError` / :class:`ModelLoadError`; the message names ``what``."""
+    not_found, bad = (AssistantFileNotFoundError, AssistantLoadError) if what == "assistant" else \
+        (ModelFileNotFoundError, ModelLoadError)
     p = Path(path)
     if not p.exists():
-        raise ModelFileNotFoundError(f"{what} file not found: {p}")
+        raise not_found(f"{what} file not found: {p}")
     if not p.is_file():
-        raise ModelFileNotFoundError(f"{what} path is not a file: {p}")
+        raise not_found(f"{what} path is not a file: {p}")
     try:
         with p.open("rb") as f:
             head = f.read(8)
     except OSError as e:
-        raise ModelLoadError(f"cannot read {what} file {p}: {e}") from e
+        raise bad(f"cannot read {what} file {p}: {e}") from e
     if len(head) < 8 or head[:4] != GGUF_MAGIC:
-        raise ModelLoadError(f"{p} is not a GGUF file (starts with {head[:4]!r}, expected {GGUF_MAGIC!r})")
+        raise bad(f"{what} file {p} is not a GGUF file (starts with {head[:4]!r}, expected {GGUF_MAGIC!r})")
     return p
 
 
@@ -132,8 +142,15 @@ class Model(NativeHandle):
         self.vocab_only = vocab_only
         self._n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
         self._piece_cache: dict[int, bytes] = {}
+        if logger.isEnabledFor(logging.INFO):
+            logger.info("loaded %s: %s", self.path, self.summary())
         if assistant is not None:
             self.attach_assistant(assistant)
+
+    def summary(self) -> str:
+        """One line about the loaded weights (for the verbose log)."""
+        return (f"{self.arch}, {self.n_layer} layers, n_embd {self.n_embd}, {self.n_params / 1e6:.2f}M params, "
+                f"{self.size / 2**20:.1f} MiB, trained context {self.n_ctx_train}")
 
     @staticmethod
     def _model_params(n_gpu_layers: int, use_mmap: bool, vocab_only: bool) -> Any:
@@ -317,11 +334,21 @@ class Model(NativeHandle):
             raise ContextError("a vocab_only model cannot have contexts")
         ctx = Context(self, params, **kwargs)
         self._contexts.add(ctx)
+        self._check_trained_context(ctx.n_ctx)
         return ctx
+
+    def _check_trained_context(self, n_ctx: int) -> None:
+        """Warn (once per model) when a context is longer than the model was trained for: past
+        that many tokens positions are extrapolated and output quality may degrade."""
+        n_train = self.n_ctx_train
+        if n_train > 0 and n_ctx > n_train and not getattr(self, "_warned_n_ctx", False):
+            self._warned_n_ctx = True
+            logger.warning("context size %d is beyond %s's training context (%d tokens): output past %d tokens "
+                           "may degrade", n_ctx, self.path.name, n_train, n_train)
 
     def generation_context(self, n_ctx: int | None = None) -> Context:
         """The context :meth:`generate` uses by default (created on first use, then reused)."""
-        want = n_ctx or (min(4096, self.n_ctx_train) if self.n_ctx_train > 0 else 4096)
+        want = n_ctx or default_n_ctx(self.n_ctx_train)
         ctx = getattr(self, "_gen_ctx", None)
         if ctx is None or ctx.closed or ctx.n_ctx < want:
             if ctx is not None:
@@ -346,6 +373,7 @@ class Model(NativeHandle):
         p = check_gguf_file(path, what="assistant")
         attach_assistant(self, p)
         self.assistant_path = p
+        logger.info("attached assistant %s to %s", p, self.path.name)
 
     def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Any:
         """Generate text; see :func:`mtp_bindings.speculative.generate` for the arguments."""

@@ -54,6 +54,7 @@ class GenerationStats:
     accepted_per_position: list[int] = field(default_factory=list)
     n_skipped_rounds: int = 0
     hit_eog: bool = False
+    hit_context_limit: bool = False  # stopped because the context was full, before max_tokens
     t_prompt: float = 0.0
     t_draft: float = 0.0
     t_verify: float = 0.0
@@ -273,12 +274,18 @@ class DriverOptions:
             raise InvalidParameterError(f"h_idx must be 'accepted' or 'last', got {self.h_idx!r}")
 
 
+PromptProgress = Callable[[int, int], "bool | None"]
+
+
 def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_tokens: int, opts: DriverOptions,
-                 stats: GenerationStats, tracer: Tracer, seq_id: int = 0) -> Iterator[list[int]]:
+                 stats: GenerationStats, tracer: Tracer, seq_id: int = 0,
+                 prompt_progress: PromptProgress | None = None) -> Iterator[list[int]]:
     """Yield the tokens each round produces (first the token sampled after the prompt).
 
     Stops at ``max_tokens``, at an end-of-generation token (not yielded) or when the context is
-    full; the caller may stop early by closing the generator. Any MTP work is drained on exit.
+    full (``stats.hit_context_limit``); the caller may stop early by closing the generator. Any
+    MTP work is drained on exit. ``prompt_progress(done, total)`` is called after each batch of the
+    prompt; returning False stops before anything is generated.
     """
     model = ctx.model
     drafting = opts.draft_n_max > 0 and model.has_assistant
@@ -288,6 +295,7 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
     n_ctx = ctx.n_ctx
     try:
         t0 = time.perf_counter()
+        ctx.adapt_threads()
         ctx.seq_rm(seq_id, 0, -1)
         # With embeddings on, llama.cpp outputs every row of a batch: only the last prompt token's h is
         # needed, so the rest of the prompt is processed without them. Plain decoding splits the prompt
@@ -295,8 +303,8 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
         # output must not depend on whether drafting is on.
         if len(history) > 1:
             ctx.set_embeddings(False)
-        ctx.adapt_threads()
-            ctx.decode(history[:-1], pos=0, seq_id=seq_id, logits="none")
+            if not _decode_prompt(ctx, history[:-1], seq_id, prompt_progress):
+                return
         ctx.set_embeddings(drafting)
         ctx.decode(history[-1:], pos=len(history) - 1, seq_id=seq_id)
         stats.t_prompt = time.perf_counter() - t0
@@ -335,6 +343,7 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
                              h_l2=float(np.linalg.norm(h)) if h is not None else 0.0, drafts=drafts)
 
             t = time.perf_counter()
+            ctx.adapt_threads()  # here the drafting worker is done and the compute threads are idle
             batch = [x] + drafts
             ctx.decode(batch, pos=attn_pos + 1, seq_id=seq_id, logits="all")
             rows = [ctx.logits_view(i) for i in range(len(batch))]  # no copies: read before the next decode
@@ -343,7 +352,6 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
             t = time.perf_counter()
             n_acc, y = sampler.verify(rows, drafts, history)
             stats.t_sample += time.perf_counter() - t
-            ctx.adapt_threads()  # here the drafting worker is done and the compute threads are idle
             if n_acc < len(drafts):
                 ctx.seq_rm(seq_id, attn_pos + 2 + n_acc, -1)
             if drafting:
@@ -372,8 +380,24 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
                 if not skip.will_skip():
                     drafter.prepare_next(attn_pos, x, h, k_next)
             yield accepted
+        stats.hit_context_limit = stats.n_generated < max_tokens
     finally:
         drafter.cancel()
+
+
+def _decode_prompt(ctx: Context, tokens: list[int], seq_id: int, progress: PromptProgress | None) -> bool:
+    """Decode the prompt (no outputs) batch by batch, as :meth:`Context.decode` splits it, telling
+    ``progress`` after each batch: a long prompt takes a while, and a caller may show it or stop.
+    False when ``progress`` asked to stop."""
+    if progress is None:
+        ctx.decode(tokens, pos=0, seq_id=seq_id, logits="none")
+        return True
+    step = ctx.n_batch
+    for start in range(0, len(tokens), step):
+        ctx.decode(tokens[start:start + step], pos=start, seq_id=seq_id, logits="none")
+        if progress(min(start + step, len(tokens)), len(tokens)) is False:
+            return False
+    return True
 
 
 def _plan(draft_n_max: int, remaining: int, attn_pos: int, n_ctx: int) -> int:
@@ -499,6 +523,7 @@ def generate(
     trace: str | os.PathLike[str] | IO[str] | None = None,
     stream: bool = False,
     cancel: Callable[[], bool] | None = None,
+    prompt_progress: Callable[[int, int], None] | None = None,
     context: Context | None = None,
     add_special: bool = True,
     parse_special: bool = False,
@@ -518,11 +543,16 @@ def generate(
 
     Returns a :class:`GenerationResult`, or with ``stream=True`` an iterator of
     :class:`TextPiece` whose last item carries the stats. ``cancel()`` returning True stops the
-    generation (finish_reason ``cancelled``); so does closing the stream. ``ignore_eos`` keeps
-    generating through end-of-generation tokens (benchmarks, load tests).
+    generation (finish_reason ``cancelled``, checked between rounds and between batches of the
+    prompt); so does closing the stream. ``prompt_progress(done, total)`` is called after each
+    batch of the prompt (tokens processed, prompt tokens). ``ignore_eos`` keeps generating through
+    end-of-generation tokens (benchmarks, load tests). A generation that stops because the context
+    is full has finish_reason ``length`` and ``stats.hit_context_limit`` set.
     """
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
         raise InvalidParameterError(f"max_tokens must be a non-negative int, got {max_tokens!r}")
+    if not isinstance(prompt, (str, Sequence, np.ndarray)) or isinstance(prompt, (bytes, bytearray)):
+        raise InvalidParameterError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
     sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                         presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed,
@@ -543,7 +573,7 @@ def generate(
     ctx = context if context is not None else model.generation_context()
     if len(tokens) >= ctx.n_ctx:
         raise ContextOverflowError(f"the prompt has {len(tokens)} tokens; the context holds {ctx.n_ctx}")
-    it = _pieces(model, ctx, tokens, sp, max_tokens, stops, opts, trace, cancel)
+    it = _pieces(model, ctx, tokens, sp, max_tokens, stops, opts, trace, cancel, prompt_progress)
     if stream:
         return it
     pieces = list(it)
@@ -554,14 +584,26 @@ def generate(
 
 
 def _pieces(model: Model, ctx: Context, prompt: list[int], sp: SamplingParams, max_tokens: int,
-            stops: list[str], opts: DriverOptions, trace: Any, cancel: Callable[[], bool] | None) -> Iterator[TextPiece]:
+            stops: list[str], opts: DriverOptions, trace: Any, cancel: Callable[[], bool] | None,
+            prompt_progress: Callable[[int, int], None] | None = None) -> Iterator[TextPiece]:
     stats = GenerationStats(n_prompt=len(prompt))
     tracer = Tracer.open(trace)
     text = TextAssembler(model, stops)
     finish = "length"
+    stopped_in_prompt = False
+
+    def on_prompt(done: int, total: int) -> bool:
+        nonlocal stopped_in_prompt
+        if prompt_progress is not None:
+            prompt_progress(done, total)
+        stopped_in_prompt = cancel is not None and bool(cancel())
+        return not stopped_in_prompt
+
+    watch = on_prompt if prompt_progress is not None or cancel is not None else None
     t0 = time.perf_counter()
     with ctx._lock:
-        rounds = token_rounds(ctx, prompt, Sampler(sp), max_tokens, opts, stats, tracer) if max_tokens > 0 else iter(())
+        rounds = token_rounds(ctx, prompt, Sampler(sp), max_tokens, opts, stats, tracer,
+                              prompt_progress=watch) if max_tokens > 0 else iter(())
         try:
             for toks in rounds:
                 piece = text.feed(toks)
@@ -576,7 +618,9 @@ def _pieces(model: Model, ctx: Context, prompt: list[int], sp: SamplingParams, m
                 if piece or toks:
                     yield TextPiece(piece, toks)
             else:
-                if stats.hit_eog:
+                if stopped_in_prompt:
+                    finish = "cancelled"
+                elif stats.hit_eog:
                     finish = "stop"
         except GeneratorExit:
             finish = "cancelled"
