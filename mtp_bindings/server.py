@@ -32,6 +32,14 @@ cache). A client that disconnects -- while queued, mid-stream, or waiting for a 
 reply -- cancels its generation: the worker stops at the next round, drains any MTP draft in
 flight and takes the next request.
 
+Length: a request that sets no ``max_tokens`` (nor ``max_completion_tokens``/``n_predict``) gets
+at most the server's ``n_predict`` tokens (``DEFAULT_N_PREDICT``; -1: until the context is full),
+like llama-server's ``-n``: one forgotten limit must not hold a slot for many minutes.
+
+Shutdown (Ctrl-C / SIGTERM): the server stops accepting connections, cancels every generation at
+once (queued or running) and answers each open request with a 503 ``server_shutting_down`` error
+-- a JSON error body, or for a stream an error event after the text sent so far -- then exits.
+
 Security: binds 127.0.0.1 unless told otherwise; with ``api_key`` set every route but
 ``/health`` needs ``Authorization: Bearer <key>``.
 """
@@ -59,6 +67,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .exceptions import ContextOverflowError, InvalidParameterError, MTPBindingsError, TokenizeError
+from .limits import SERVER_N_PREDICT
 from .presets import resolve_preset
 from .speculative import GenerationStats, TextPiece, generate
 from .threads import threads_per_slot
@@ -70,6 +79,10 @@ DISCONNECT_POLL_S = 0.2
 ACCEPTANCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 PUBLIC_ROUTES = frozenset({"/health"})
+DEFAULT_N_PREDICT = SERVER_N_PREDICT  # tokens of a request that sets no limit (-1: until the context is full)
+# seconds uvicorn waits for open connections at shutdown (generations are cancelled at once, so
+# this only bounds a client that does not read its response)
+GRACEFUL_SHUTDOWN_S = 5
 
 
 # ------------------------------------------------------------------------------------------------
@@ -98,6 +111,12 @@ class APIError(Exception):
 
 class _ClientGone(Exception):
     """The client disconnected before the response started."""
+
+
+def shutting_down_error() -> APIError:
+    """What every request still open when the server stops is answered with."""
+    return APIError(503, "the server is shutting down; the generation was cancelled", type="server_error",
+                    code="server_shutting_down")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -495,9 +514,15 @@ class Job:
         self.items: asyncio.Queue[Any] = asyncio.Queue()
         self._cancel = threading.Event()
         self.checked_at = time.monotonic()  # when the handler last checked the client was there
+        self.error: APIError | None = None  # why the server (not the client) stopped it
 
     def cancel(self) -> None:
         """Stop the generation at its next round (idempotent; a no-op once it has finished)."""
+        self._cancel.set()
+
+    def abort(self, error: APIError) -> None:
+        """Stop the generation and answer its client with ``error`` instead of its text."""
+        self.error = error
         self._cancel.set()
 
     @property
@@ -525,6 +550,7 @@ class SlotPool:
         self.contexts: list[Any] = []
         self.threads: list[threading.Thread] = []
         self.active: dict[int, Job] = {}
+        self.closing: APIError | None = None  # set when the server stops: new jobs are refused with it
 
     def start(self) -> None:
         """Create the contexts (so a bad n_ctx fails at startup, not on the first request) and
@@ -537,21 +563,38 @@ class SlotPool:
             t.start()
 
     def submit(self, job: Job) -> None:
+        if self.closing is not None:
+            raise self.closing
         self.metrics.job_queued()
         self.jobs.put(job)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Drop what is queued, cancel what runs, stop the workers, and free the contexts whose
-        worker has exited."""
+    def abort_all(self, error: APIError) -> None:
+        """The server is stopping: refuse new jobs, answer the queued ones with ``error`` now and
+        stop the running ones at their next round (their handlers answer with ``error`` too)."""
+        self.closing = error
+        for job in self._drain_queue():
+            job.abort(error)
+        for job in list(self.active.values()):
+            job.abort(error)
+
+    def _drain_queue(self) -> list[Job]:
+        """Take every queued job off the queue, counted as skipped and told it has ended."""
+        drained = []
         while True:
             try:
                 job = self.jobs.get_nowait()
             except queue.Empty:
-                break
+                return drained
             if job is not None:
                 job.cancel()
                 self.metrics.job_skipped()
                 job.put(_END)
+                drained.append(job)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Drop what is queued, cancel what runs, stop the workers, and free the contexts whose
+        worker has exited."""
+        self._drain_queue()
         for job in list(self.active.values()):
             job.cancel()
         for _ in self.threads:
@@ -741,10 +784,13 @@ class DraftDefaults:
 
 
 def generation_kwargs(req: GenerationRequest, draft: DraftDefaults, n_prompt: int, n_ctx: int,
-                      n_vocab: int) -> dict[str, Any]:
+                      n_vocab: int, n_predict: int = -1) -> dict[str, Any]:
     """The :func:`generate` arguments for ``req``; OpenAI's defaults where it says nothing
-    (temperature 1), llama.cpp's for the extras."""
+    (temperature 1), llama.cpp's for the extras, the server's ``n_predict`` (-1: none) as the
+    length of a request that sets no limit."""
     max_tokens = req.requested_max_tokens()
+    if max_tokens is None and n_predict >= 0:
+        max_tokens = n_predict
     room = max(n_ctx - n_prompt, 0)
     seed = None if req.seed is None or req.seed < 0 else req.seed
     return dict(
@@ -801,17 +847,23 @@ class _Server:
     """The state behind the routes: the model, the slots, the metrics and the settings."""
 
     def __init__(self, model: Any, *, model_name: str, api_key: str | None, n_slots: int, n_ctx: int,
-                 context_kwargs: Mapping[str, Any], draft: DraftDefaults) -> None:
+                 context_kwargs: Mapping[str, Any], draft: DraftDefaults, n_predict: int = DEFAULT_N_PREDICT) -> None:
         self.model = model
         self.model_name = model_name
         self.api_key = api_key
         self.n_ctx = n_ctx
+        self.n_predict = n_predict
         self.draft = draft
         self.metrics = ServerMetrics(n_slots)
         self.pool = SlotPool(model, n_slots, context_kwargs, self.metrics)
         self.created = int(time.time())
 
     # --- helpers --------------------------------------------------------------------------------
+
+    def abort_requests(self) -> None:
+        """The server is stopping: cancel every generation and answer every open request with
+        :func:`shutting_down_error` (called on the event loop, before uvicorn waits for them)."""
+        self.pool.abort_all(shutting_down_error())
 
     def check_key(self, request: Request) -> None:
         if self.api_key is None or request.url.path in PUBLIC_ROUTES:
@@ -865,14 +917,16 @@ class _Server:
                   echo: str = "") -> Response:
         """Queue the generation, wait for its first piece (so errors before any output still get
         their proper status), then answer streamed or whole."""
-        kwargs = generation_kwargs(req, self.draft, len(tokens), self.n_ctx, self.model.n_vocab)
+        kwargs = generation_kwargs(req, self.draft, len(tokens), self.n_ctx, self.model.n_vocab, self.n_predict)
         job = Job(tokens, kwargs, asyncio.get_running_loop())
         self.pool.submit(job)
         try:
             first = await self.next_item(job, request)
+            if job.error is not None and (first is _END or isinstance(first, Exception)):
+                raise job.error
             if isinstance(first, Exception):
                 raise _generation_error(first)
-            if first is _END:  # cannot happen: a generation always ends with a piece carrying stats
+            if first is _END:  # only a job dropped from the queue ends without a piece carrying stats
                 raise APIError(500, "the generation produced nothing", type="server_error")
             if req.stream:
                 return _JobStreamingResponse(self.stream(job, first, reply, req.include_usage, echo), job)
@@ -889,9 +943,11 @@ class _Server:
         item = first
         while item is not _END:
             if isinstance(item, Exception):
-                raise _generation_error(item)
+                raise job.error or _generation_error(item)
             pieces.append(item)
             item = await self.next_item(job, request)
+        if job.error is not None:
+            raise job.error
         last = pieces[-1]
         assert last.stats is not None
         text = echo + "".join(pieces)
@@ -907,11 +963,14 @@ class _Server:
         item = first
         while item is not _END:
             if isinstance(item, Exception):
-                yield _sse(_generation_error(item).body())
+                yield _sse((job.error or _generation_error(item)).body())
                 return
             if item:
                 yield _sse(reply.chunk(str(item)))
             if item.stats is not None:
+                if job.error is not None:  # stopped by the server: say why instead of a normal end
+                    yield _sse(job.error.body())
+                    return
                 for chunk in reply.final_chunks(item.stats, item.finish_reason, include_usage):
                     yield _sse(chunk)
             item = await job.items.get()
@@ -954,6 +1013,7 @@ def create_app(
     api_key: str | None = None,
     n_slots: int = 1,
     n_ctx: int = 4096,
+    n_predict: int = DEFAULT_N_PREDICT,
     n_threads: int | None = None,
     type_k: str = "f16",
     type_v: str = "f16",
@@ -964,7 +1024,8 @@ def create_app(
     skip_streak: int | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``model`` (already loaded, assistant attached or not) as
-    ``model_name``. ``n_slots`` contexts of ``n_ctx`` tokens (KV types and flash attention as in
+    ``model_name``. A request that sets no length limit gets at most ``n_predict`` tokens (-1:
+    until the context is full). ``n_slots`` contexts of ``n_ctx`` tokens (KV types and flash attention as in
     :class:`~mtp_bindings.context.ContextParams`; ``n_threads`` is the budget all slots share,
     default the usable CPUs, see :func:`~mtp_bindings.threads.threads_per_slot`) are created when the app starts
     and freed when it stops; the model stays the caller's. Drafting defaults (``draft_n_max``,
@@ -974,6 +1035,9 @@ def create_app(
         raise InvalidParameterError(f"n_slots must be an int in 1..64, got {n_slots!r}")
     if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 2:
         raise InvalidParameterError(f"n_ctx must be an int >= 2, got {n_ctx!r}")
+    if isinstance(n_predict, bool) or not isinstance(n_predict, int) or not (n_predict >= 1 or n_predict == -1):
+        raise InvalidParameterError(f"n_predict must be a positive int or -1 (until the context is full), "
+                                    f"got {n_predict!r}")
     if api_key is not None and not api_key:
         raise InvalidParameterError("api_key must be a non-empty string or None")
     draft = DraftDefaults(draft_n_max, preset, depth2, skip_streak)
@@ -985,7 +1049,7 @@ def create_app(
                           adapt_threads=n_threads is None, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
                           embeddings=model.has_assistant)
     server = _Server(model, model_name=model_name, api_key=api_key, n_slots=n_slots, n_ctx=n_ctx,
-                     context_kwargs=context_kwargs, draft=draft)
+                     context_kwargs=context_kwargs, draft=draft, n_predict=n_predict)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -1069,14 +1133,39 @@ def serve(
     access_log: bool = False,
     **app_kwargs: Any,
 ) -> None:
-    """Serve ``model`` until interrupted (blocking). ``app_kwargs`` go to :func:`create_app`;
-    ``model_name`` defaults to the target file's stem. Binds loopback unless ``host`` says
-    otherwise."""
+    """Serve ``model`` until interrupted (blocking; Ctrl-C or SIGTERM stops it, answering open
+    requests with a 503 error, see the module's docstring). ``app_kwargs`` go to
+    :func:`create_app`; ``model_name`` defaults to the target file's stem. Binds loopback unless
+    ``host`` says otherwise."""
     import uvicorn
 
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise InvalidParameterError(f"port must be an int in 0..65535, got {port!r}")
     name = model_name or model.path.stem
     app = create_app(model, model_name=name, **app_kwargs)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=access_log,
-                timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    server = _stopping_server_class()(config, app.state.server.abort_requests)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises the signal that stopped it, once it has stopped
+        pass
+    if not server.started:
+        raise MTPBindingsError(f"the server did not start on {host}:{port} (see the log above)")
+
+
+def _stopping_server_class() -> type:
+    """uvicorn's ``Server``, made to cancel the generations before it waits for their connections
+    (uvicorn would wait up to its graceful timeout, then cut them with a bare 500)."""
+    import uvicorn
+
+    class StoppingServer(uvicorn.Server):
+        def __init__(self, config: Any, on_shutdown: Callable[[], None]) -> None:
+            super().__init__(config)
+            self._on_shutdown = on_shutdown
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            self._on_shutdown()
+            await super().shutdown(sockets=sockets)
+
+    return StoppingServer
