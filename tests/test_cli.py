@@ -60,9 +60,10 @@ def test_missing_model_is_one_clear_line_and_a_non_zero_exit(tmp_path):
     assert len(lines) == 1 and "not found" in lines[0] and "Traceback" not in out.stderr
 
 
-def test_invalid_flag_value_is_refused():
+def test_invalid_flag_value_is_refused_naming_the_flag():
     out = run("generate", "-p", "x", "--temp", "-3")
-    assert out.returncode != 0 and "temperature" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith("mtp-bindings: error: --temp must be")
 
 
 def test_info_summarises_a_gguf_and_its_mtp_compatibility():
@@ -78,11 +79,11 @@ def test_verify_assistant_accepts_a_good_file():
 
 def test_verify_assistant_says_what_is_wrong():
     out = run("verify-assistant", str(fixture_path("dense-target.gguf")))
-    assert out.returncode == 1 and "architecture is 'gemma4'" in out.stderr
-    from mtp_bindings.cli import DEFAULT_TARGET
+    assert out.returncode == 2 and "mtp-bindings: error: " in out.stderr and "architecture is 'gemma4'" in out.stderr
+    from mtp_bindings.models import TARGET
 
-    out = run("verify-assistant", str(fixture_path("dense-assistant.gguf")), "--target", str(DEFAULT_TARGET))
-    assert out.returncode == 1 and "backbone width 64 does not match the target's hidden size 128" in out.stderr
+    out = run("verify-assistant", str(fixture_path("dense-assistant.gguf")), "--target", str(TARGET))
+    assert out.returncode == 2 and "backbone width 64 does not match the target's hidden size 128" in out.stderr
 
 
 def test_chat_answers_each_line_of_stdin():

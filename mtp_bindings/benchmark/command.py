@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..exceptions import InvalidParameterError
 from .config import config_for, log
 from .runner import rerender, run
 
@@ -16,7 +17,8 @@ from .runner import rerender, run
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--full", dest="mode", action="store_const", const="full",
-                   help="issue 6's matrix (default): 5 systems x draft_n 1..4 x KV f16/q8_0 x 128/512 tokens x T 0/0.7, 3 runs")
+                   help="the full matrix (default): 5 systems x draft_n 1..4 x KV f16/q8_0 x 128/512 tokens x "
+                        "T 0/0.7, 3 runs (hours)")
     g.add_argument("--quick", dest="mode", action="store_const", const="quick",
                    help="a few minutes: KV f16, 128 tokens, 2 runs")
     g.add_argument("--smoke", dest="mode", action="store_const", const="smoke", help="seconds (tests)")
@@ -29,8 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=None, help="runs a cell (default 3)")
     p.add_argument("-o", "--out", dest="out_dir", type=Path, default=None, help="results directory (default bench/results)")
     p.add_argument("--cache", dest="cost_cache", type=Path, default=None, help="random-weight models (default bench/.models)")
-    p.add_argument("--prompt", default=None)
-    p.add_argument("--no-plots", dest="plots", action="store_false", default=None)
+    p.add_argument("--prompt", default=None, help="the prompt every system continues (default: a short Python snippet)")
+    p.add_argument("--no-plots", dest="plots", action="store_false", default=None,
+                   help="write no PNG plots (default: plots, except with --smoke; needs matplotlib)")
     p.add_argument("--report-only", action="store_true", help="rewrite bench.md and the plots from bench.json")
     p.add_argument("--omp-wait-policy", choices=["passive", "active", "default"], default="default",
                    help="OMP_WAIT_POLICY for every system (default: unset, i.e. what users get: the package's own "
@@ -64,8 +67,8 @@ def main_args(args: argparse.Namespace, command: str) -> int:
         _reexec_with_omp_policy(args.omp_wait_policy)
     parts = tuple(x.strip() for x in args.parts.split(",")) if args.parts else None
     if parts and not set(parts) <= {"inproc", "http", "cost", "driver"}:
-        raise SystemExit(f"--parts: unknown part in {args.parts!r} (inproc, http, cost; driver: only the driver "
-                         "time, its profiles and the matrix pair's costs)")
+        raise InvalidParameterError(f"--parts: unknown part in {args.parts!r} (inproc, http, cost; driver: only the "
+                                    "driver time, its profiles and the matrix pair's costs)")
     out_dir = args.out_dir
     if out_dir is None:
         out_dir = Path("bench/results") if Path("bench").is_dir() else Path("bench-results")
@@ -83,5 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mtp-bindings bench", description=__doc__.split("\n")[0])
     add_arguments(p)
     args = p.parse_args(argv)
-    return main_args(args, "mtp-bindings bench " + " ".join(argv if argv is not None else sys.argv[1:]))
+    try:
+        return main_args(args, "mtp-bindings bench " + " ".join(argv if argv is not None else sys.argv[1:]))
+    except InvalidParameterError as e:
+        p.error(str(e))
 

@@ -1,0 +1,172 @@
+"""How the ``mtp-bindings`` command line reads its flags the way llama.cpp's tools do.
+
+* A flag is typed whole: no abbreviations (``--temp`` is not ``--te``) and no single-dash prefix
+  matching (argparse would read ``-ngl 99`` as ``-n gl`` and ``-hf x`` as ``-h f``).
+* llama.cpp flags this package does not have are refused by name, with what to use instead:
+  ``not supported: -ngl (use ...)``, never a misleading parse error.
+* Errors follow one convention: the subcommand's usage, then ``mtp-bindings: error: ...``, exit
+  status 2; an unknown flag after a subcommand is refused with that subcommand's usage.
+* Errors raised by the library name its Python parameter (``n_ctx``); :func:`name_flags` rewrites
+  them with the flag the user typed (``-c``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any, NoReturn
+
+PROG = "mtp-bindings"
+USAGE_ERROR = 2  # exit status of every error, as argparse's
+
+
+def error_line(message: str) -> str:
+    """The one line every error is printed as."""
+    return f"{PROG}: error: {message}"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with llama.cpp's flag rules (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def _get_option_tuples(self, option_string: str) -> list[Any]:
+        # argparse's hook for matching a flag it does not know exactly; with allow_abbrev=False it
+        # still matches single-dash prefixes ("-ngl" as "-n" + "gl"). llama.cpp never does.
+        return []
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(USAGE_ERROR, error_line(message) + "\n")
+
+
+class SubcommandParser(Parser):
+    """A subcommand's parser: arguments it does not know are its own error (with its usage),
+    not left for the top-level parser to report with the top-level usage."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None,
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        ns, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns, extras
+
+
+# ------------------------------------------------------------------------------------------------
+# llama.cpp flags we do not have
+# ------------------------------------------------------------------------------------------------
+
+# (llama.cpp's spellings, what to use instead). A command that has one of these flags itself keeps
+# its own (e.g. generate's -f, chat's -sys).
+UNSUPPORTED: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-hft", "--hf-token", "-mu", "--model-url"),
+     "-m FILE, with the GGUF downloaded yourself"),
+    (("-hfd", "-hfrd", "--hf-repo-draft"), "--mtp-head FILE, with the assistant GGUF downloaded yourself"),
+    (("-f", "--file"), "generate -f FILE; chat reads its turns from stdin: mtp-bindings chat < FILE"),
+    (("-sys", "--system-prompt"), "mtp-bindings chat --system TEXT"),
+    (("-cnv", "--conversation", "-i", "--interactive", "-if", "--interactive-first"), "mtp-bindings chat"),
+    (("-no-cnv", "--no-conversation", "-st", "--single-turn"), "mtp-bindings generate, which is single-turn"),
+    (("-r", "--reverse-prompt"), "--stop STRING"),
+    (("-e", "--escape", "--no-escape"), "-f FILE for a multi-line prompt: the prompt is used as given"),
+    (("--jinja", "--chat-template", "--chat-template-file"), "chat, which always applies the GGUF's own chat template"),
+    (("-b", "--batch-size", "-ub", "--ubatch-size"), "the Python API: create_context(n_batch=, n_ubatch=)"),
+    (("-tb", "--threads-batch"), "-t, which sets both"),
+    (("--mlock", "--numa", "-nkvo", "--no-kv-offload", "-dt", "--defrag-thold", "--rope-scaling", "--rope-scale",
+      "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx", "--yarn-ext-factor", "--yarn-attn-factor",
+      "--yarn-beta-slow", "--yarn-beta-fast", "--override-kv", "--keep"),
+     "the defaults llama.cpp picks for the model"),
+    (("-dev", "--device", "-sm", "--split-mode", "-ts", "--tensor-split", "-mg", "--main-gpu"),
+     "a GPU build (CMAKE_ARGS at install time) and -ngl"),
+    (("--grammar", "--grammar-file", "-j", "--json-schema", "-jf", "--json-schema-file"),
+     "plain sampling: constrained output is not implemented"),
+    (("--mirostat", "--mirostat-lr", "--mirostat-ent", "--typical", "--dynatemp-range", "--dynatemp-exp",
+      "--xtc-probability", "--xtc-threshold", "--dry-multiplier", "--dry-base", "--dry-allowed-length",
+      "--dry-penalty-last-n", "--dry-sequence-breaker", "--samplers", "--sampling-seq", "--top-nsigma",
+      "--penalize-nl", "-l", "--logit-bias"),
+     "--temp, --top-k, --top-p, --min-p and the repeat/presence/frequency penalties"),
+    (("--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled", "--control-vector-layer-range"),
+     "a merged GGUF: adapters are not supported"),
+    (("--draft-min", "--draft-n-min", "--draft-p-min", "-cd", "--ctx-size-draft", "-ngld", "--gpu-layers-draft",
+      "--n-gpu-layers-draft", "-devd", "--device-draft", "--spec-replace", "-ctkd", "-ctvd"),
+     "--spec-draft-n-max: the assistant drafts in the target's own context"),
+    (("--prompt-cache", "--prompt-cache-all", "--prompt-cache-ro", "--cache-reuse", "--slot-save-path"),
+     "nothing: there is no prompt cache, each generation starts from an empty KV cache"),
+    (("-lv", "--verbosity", "--log-verbosity", "--log-file", "--log-disable", "--log-colors", "--log-prefix",
+      "--log-timestamps", "-co", "--color", "--perf", "--no-perf", "--no-display-prompt", "--no-warmup"),
+     "-v for the load log; generate prints its speed on stderr, chat with --stats"),
+    (("--ssl-key-file", "--ssl-cert-file"), "a TLS proxy in front of mtp-bindings serve"),
+    (("--api-key-file",), "--api-key KEY"),
+    (("--path", "--webui", "--no-webui", "--embedding", "--embeddings", "--rerank", "--reranking", "--slots",
+      "--metrics", "-cb", "--cont-batching", "-nocb", "--no-cont-batching", "-to", "--timeout",
+      "--threads-http", "-sps", "--slot-prompt-similarity"),
+     "mtp-bindings serve's defaults: completions only, -np slots, /health and /metrics always on"),
+)
+
+
+class _Unsupported(argparse.Action):
+    """A llama.cpp flag this command does not have: refused by name with a hint."""
+
+    def __init__(self, option_strings: list[str], dest: str, hint: str = "", **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, nargs="?", default=argparse.SUPPRESS,
+                         help=argparse.SUPPRESS)
+        self.hint = hint
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"not supported: {option_string} (use {self.hint})")
+
+
+def refuse(parser: argparse.ArgumentParser, flags: Iterable[str], hint: str) -> None:
+    """Make ``parser`` refuse each of ``flags`` it does not define itself, saying to use ``hint``."""
+    for flag in flags:
+        try:
+            parser.add_argument(flag, action=_Unsupported, hint=hint)
+        except argparse.ArgumentError:  # the command has this flag: it is supported there
+            pass
+
+
+def refuse_unsupported(parser: argparse.ArgumentParser) -> None:
+    """Add every :data:`UNSUPPORTED` llama.cpp flag ``parser`` does not define itself."""
+    for flags, hint in UNSUPPORTED:
+        refuse(parser, flags, hint)
+
+
+# ------------------------------------------------------------------------------------------------
+# library errors in the user's words
+# ------------------------------------------------------------------------------------------------
+
+# library parameter -> the argparse dest of the flag that sets it
+PARAM_DEST = {
+    "n_ctx": "ctx_size", "n_threads": "threads", "max_tokens": "n_predict", "temperature": "temp",
+    "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "repeat_penalty": "repeat_penalty",
+    "repeat_last_n": "repeat_last_n", "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty", "seed": "seed", "draft_n_max": "draft_n_max",
+    "skip_streak": "skip_streak", "type_k": "cache_type_k", "type_v": "cache_type_v", "flash_attn": "flash_attn",
+    "n_slots": "parallel", "n_predict": "n_predict", "port": "port", "n_gpu_layers": "n_gpu_layers",
+}
+
+
+def typed_flag(parser: argparse.ArgumentParser, dest: str, argv: Sequence[str]) -> str | None:
+    """The spelling of ``dest``'s flag the user typed in ``argv`` (else its first spelling)."""
+    for action in parser._actions:  # argparse's list of what the parser defines (no public accessor)
+        if action.dest == dest and action.option_strings:
+            typed = {a.split("=", 1)[0] for a in argv}
+            return next((o for o in action.option_strings if o in typed), action.option_strings[0])
+    return None
+
+
+def name_flags(message: str, parser: argparse.ArgumentParser, argv: Sequence[str]) -> str:
+    """``message`` with each library parameter name replaced by the flag the user typed for it
+    (``n_ctx must be a positive int`` -> ``-c must be a positive int``)."""
+
+    def swap(m: re.Match[str]) -> str:
+        flag = typed_flag(parser, PARAM_DEST[m.group(0)], argv)
+        return flag or m.group(0)
+
+    # whole words only: not part of a longer name or of a path
+    pattern = r"(?<![\w./\\-])(" + "|".join(map(re.escape, PARAM_DEST)) + r")(?![\w/\\-])"
+    return re.sub(pattern, swap, message).replace(" or None, got", ", got")
