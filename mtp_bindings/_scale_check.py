@@ -25,6 +25,8 @@ PROMPTS = (
 )
 N_GREEDY = 24
 N_DRAFT = 4
+#: MTP generations compared (tokens and acceptance per draft position): prompts, tokens, drafts.
+N_GEN_PROMPTS, N_GEN_TOKENS, N_GEN_DRAFT = 3, 32, 3
 #: f16 tolerance on target logits (same weights; only accumulation order, rounding of the rescaled
 #: norm outputs to f16 and RoPE angles computed for wider heads differ); measured ~1e-3.
 LOGIT_TOL = 2e-2
@@ -40,6 +42,7 @@ class Run:
     h: np.ndarray       # hidden state after the prompt (the first draft round's h_prev)
     drafts: dict[str, list[int]] = field(default_factory=dict)
     h_last: dict[str, np.ndarray] = field(default_factory=dict)
+    generated: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)  # tokens, accepted per position
 
 
 def greedy_run(ctx: Any, prompt: list[int], n: int) -> Run:
@@ -96,6 +99,10 @@ def check(pair: ScaledPair, config: ScaleConfig, wtype: str = "f16", *, target: 
                                                                         n_threads=n_threads) as ctx:
                 for run, pr in zip(runs[name], prompts):
                     run.drafts[head], run.h_last[head] = first_drafts(ctx, pr, N_DRAFT)
+                for run, pr in zip(runs[name][:N_GEN_PROMPTS], prompts):
+                    res = m.generate(pr, max_tokens=N_GEN_TOKENS, temperature=0.0, draft_n_max=N_GEN_DRAFT,
+                                     context=ctx)
+                    run.generated[head] = (list(res.tokens), list(res.stats.accepted_per_position))
     report = compare(runs["small"], runs["scaled"], small_vocab, p)
     report.update(type=wtype, files={str(x): x.stat().st_size for x in (pair.target[wtype], pair.centroid[wtype],
                                                                           pair.dense[wtype])},
@@ -103,7 +110,8 @@ def check(pair: ScaledPair, config: ScaleConfig, wtype: str = "f16", *, target: 
     strict = wtype == "f16"  # quantized weights change the function: their figures are reported only
     report["ok"] = report["max_pad_prob"] <= PAD_PROB_MAX and (not strict or (
         report["max_logit_diff"] <= LOGIT_TOL and report["greedy_equal"] == report["prompts"]
-        and all(v == report["prompts"] for v in report["drafts_equal"].values())))
+        and all(v == report["prompts"] for v in report["drafts_equal"].values())
+        and all(v == N_GEN_PROMPTS for v in report["mtp_generation_equal"].values())))
     return report
 
 
@@ -111,6 +119,7 @@ def compare(small: list[Run], big: list[Run], n_real: int, p: int) -> dict[str, 
     """Figures of one comparison (logit differences over the common greedy prefix)."""
     diffs, pads, feats, greedy = [], [], [], 0
     drafts = {"dense": 0, "centroid": 0}
+    gens = {"dense": 0, "centroid": 0}
     for s, b in zip(small, big):
         n_same = next((i for i, (x, y) in enumerate(zip(s.tokens, b.tokens)) if x != y), len(s.tokens))
         greedy += n_same == len(s.tokens)
@@ -120,8 +129,10 @@ def compare(small: list[Run], big: list[Run], n_real: int, p: int) -> dict[str, 
         feats.append(float(b.h[p]))
         for head in drafts:
             drafts[head] += b.drafts[head] == s.drafts["dense"]
+            if head in b.generated:
+                gens[head] += b.generated[head] == s.generated["dense"]
     return {"prompts": len(small), "max_logit_diff": max(diffs), "greedy_equal": greedy,
-            "max_pad_prob": max(pads), "drafts_equal": drafts,
+            "max_pad_prob": max(pads), "drafts_equal": drafts, "mtp_generation_equal": gens,
             "feature_h_p": [min(feats), max(feats)],
             "feature_assistant": {h: [float(b.h_last[h][p]) for b in big] for h in drafts}}
 
@@ -134,6 +145,9 @@ def format_report(r: dict[str, Any]) -> str:
         f"  greedy tokens identical: {r['greedy_equal']}/{n}",
         f"  first-round drafts identical: dense {r['drafts_equal']['dense']}/{n}, "
         f"centroid {r['drafts_equal']['centroid']}/{n}",
+        f"  MTP generations ({N_GEN_TOKENS} tokens, {N_GEN_DRAFT} drafts) with identical tokens and acceptance "
+        f"per position: dense {r['mtp_generation_equal']['dense']}/{N_GEN_PROMPTS}, "
+        f"centroid {r['mtp_generation_equal']['centroid']}/{N_GEN_PROMPTS}",
         f"  largest padding-token probability: {r['max_pad_prob']:.3g}",
         f"  feature h'[p] range: {r['feature_h_p'][0]:.3g} .. {r['feature_h_p'][1]:.3g}",
         f"  took {r['seconds']} s: {'OK' if r['ok'] else 'FAILED'}",

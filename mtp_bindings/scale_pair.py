@@ -317,19 +317,22 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="compare the scaled pair with the trained one (logits, greedy tokens, drafts, padding)")
     parser.add_argument("--check-type", choices=TYPES, default="f16", help="weight type --check loads (default f16)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what is written and loaded")
     parser.set_defaults(func=run)
     return parser
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register the ``scale-pair`` subcommand on an argparse ``subparsers`` object."""
+    """Register the ``scale-pair`` subcommand on an argparse ``subparsers`` object; it sets
+    ``func=run`` (call ``args.func(args)``; a second argument is accepted and ignored)."""
     return _configure(subparsers.add_parser(
         "scale-pair", help="write an E2B-shaped pair that behaves exactly like the bundled trained pair",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
 
 
-def run(args: argparse.Namespace) -> int:
-    """The command: build or find the files, print every path, optionally check them."""
+def run(args: argparse.Namespace, interrupt: object | None = None) -> int:
+    """The command: build or find the files, print every path, optionally check them.
+    (``interrupt``: the ``mtp-bindings`` CLI's Ctrl-C handler, passed to every command; unused.)"""
     config = ScaleConfig.small() if args.small else ScaleConfig()
     types = list(args.types)
     if args.check and args.check_type not in types:
@@ -354,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _configure(argparse.ArgumentParser(prog="python -m mtp_bindings.scale_pair", description=__doc__,
                                                 formatter_class=argparse.RawDescriptionHelpFormatter))
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     try:
         return args.func(args)
     except (InvalidParameterError, ModelLoadError) as e:
