@@ -371,6 +371,15 @@ class Context(NativeHandle):
             self._check_seq(seq_id)
             return state_of(self).submit(seq_id, attn_pos, last_token, h_prev, n_steps)
 
+    def set_mtp_threads(self, n_threads: int | None) -> None:
+        """Threads of asynchronous MTP drafting (:meth:`decode_mtp_async`): a count, or None for
+        the automatic one (the CPUs this context's threads leave free, 1 where fewer than 2 are: the
+        target may decode meanwhile). :meth:`decode_mtp` always uses the context's threads."""
+        from .mtp import set_worker_threads
+
+        with self._lock:
+            set_worker_threads(self, n_threads)
+
     def decode_mtp(self, *, seq_id: int = 0, attn_pos: int, last_token: int, h_prev: np.ndarray, n_steps: int,
                    return_logits: bool = False) -> tuple[np.ndarray, ...]:
         """Synchronous MTP drafting: ``(drafts, h_last)``, plus ``[n_steps, n_vocab]`` logits of

@@ -68,10 +68,24 @@ def attach_assistant(model: Model, path: Any) -> None:
 
 
 def graph_stats(ctx: Context) -> dict[str, int]:
-    """The context's MTP counters: requests, steps, graph builds and reuses."""
+    """The context's MTP counters: requests, steps, graph builds and reuses, and the threads the last
+    request's drafting graph computed with."""
     st = _require("llama_mtp_get_stats")(ctx.ptr)
     return {"n_requests": st.n_requests, "n_steps": st.n_steps, "n_graph_builds": st.n_graph_builds,
-            "n_graph_reuses": st.n_graph_reuses}
+            "n_graph_reuses": st.n_graph_reuses, "n_threads_last": st.n_threads_last}
+
+
+def set_worker_threads(ctx: Context, n_threads: int | None) -> None:
+    """Threads of ``ctx``'s asynchronous drafting requests: a count, or None for the automatic one
+    (the CPUs the context's threads leave free, 1 where fewer than 2 are). Synchronous drafting
+    always computes with the context's threads."""
+    if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int)
+                                  or not 1 <= n_threads <= 512):
+        raise InvalidParameterError(f"MTP threads must be an int in 1..512 or None, got {n_threads!r}")
+    _native.pop_recent_errors()
+    rc = _require("llama_mtp_set_n_threads")(ctx.ptr, n_threads or 0)
+    if rc != 0:
+        _raise_for(rc, "cannot set the drafting threads")
 
 
 def n_embd_backbone(model: Model) -> int:

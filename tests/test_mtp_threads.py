@@ -1,0 +1,56 @@
+"""Drafting threads: synchronous drafting computes with the context's threads (its caller waits),
+asynchronous drafting with a settable count (default automatic); bad counts are refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fixture_paths import PAIRS, fixture_path
+from mtp_bindings import InvalidParameterError, Model, NoAssistantError
+from mtp_bindings.mtp import graph_stats
+from mtp_bindings.threads import usable_cpus
+
+CPUS = usable_cpus()
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target, assistant = PAIRS["dense"]
+    with Model(fixture_path(target), assistant=fixture_path(assistant)) as m, \
+            m.create_context(n_ctx=256, embeddings=True, n_threads=CPUS) as ctx:
+        ctx.decode([2, 100, 200, 300], pos=0)
+        yield ctx, int(np.argmax(ctx.get_logits(-1))), ctx.get_embeddings(-1), 3
+
+
+@pytest.mark.skipif(CPUS < 2, reason="needs 2 CPUs: with 1 every count is 1")
+def test_synchronous_drafting_uses_the_contexts_threads(pair):
+    # before: the worker's automatic count, 1 thread when the context takes every CPU
+    ctx, tok, h, pos = pair
+    ctx.decode_mtp(attn_pos=pos, last_token=tok, h_prev=h, n_steps=2)
+    assert graph_stats(ctx)["n_threads_last"] == CPUS
+
+
+def test_asynchronous_drafting_uses_the_count_it_was_given(pair):
+    ctx, tok, h, pos = pair
+    want, _ = ctx.decode_mtp(attn_pos=pos, last_token=tok, h_prev=h, n_steps=3)
+    for n in (1, 2, 3):
+        ctx.set_mtp_threads(n)
+        got, _ = ctx.decode_mtp_async(attn_pos=pos, last_token=tok, h_prev=h, n_steps=3).wait()
+        assert graph_stats(ctx)["n_threads_last"] == n
+        assert got.tolist() == want.tolist()  # the count changes speed only
+    ctx.set_mtp_threads(None)
+    ctx.decode_mtp_async(attn_pos=pos, last_token=tok, h_prev=h, n_steps=3).wait()
+    assert graph_stats(ctx)["n_threads_last"] >= 1  # automatic (1 here: the context takes every CPU)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 513, 2.0, True])
+def test_bad_thread_counts_are_refused(pair, bad):
+    with pytest.raises(InvalidParameterError):
+        pair[0].set_mtp_threads(bad)
+
+
+def test_setting_drafting_threads_without_an_assistant_is_refused():
+    with Model(fixture_path(PAIRS["dense"][0])) as m, m.create_context(n_ctx=64) as ctx:
+        with pytest.raises(NoAssistantError):
+            ctx.set_mtp_threads(2)
