@@ -123,7 +123,9 @@ def compare(small: list[Run], big: list[Run], n_real: int, p: int) -> dict[str, 
     for s, b in zip(small, big):
         n_same = next((i for i, (x, y) in enumerate(zip(s.tokens, b.tokens)) if x != y), len(s.tokens))
         greedy += n_same == len(s.tokens)
-        rows = s.logits.shape[0] - len(s.tokens) + n_same + 1
+        # rows computed from the same history: the prompt's and those after each shared greedy token
+        # (the row after the first different token is not comparable)
+        rows = s.logits.shape[0] - len(s.tokens) + n_same + (n_same == len(s.tokens))
         diffs.append(float(np.abs(s.logits[:rows] - b.logits[:rows, :n_real]).max()))
         pads.append(pad_probability(b.logits, n_real))
         feats.append(float(b.h[p]))

@@ -44,7 +44,16 @@ E2B_LAYERS = tuple(i % 5 != 4 for i in range(35))
 
 @dataclass(frozen=True)
 class ScaleConfig:
-    """Shapes of the scaled pair (defaults: Gemma 4 E2B's; :meth:`small` for tests)."""
+    """Shapes of the scaled pair (defaults: Gemma 4 E2B's text decoder without per-layer embeddings,
+    and its assistant; :meth:`small` for tests).
+
+    Heads are E2B's (8 query heads, 1 K/V head, head_dim 256 / 512), not the trained head_dim
+    with more heads: the trained 32 / 64 divide them (x8), so every rotary pair can sit where its
+    frequency is the trained one, and the attention kernels, KV cache and RoPE run on E2B's real
+    shapes (what a benchmark on this pair is for). The cost is rounding only: V's RMSNorm over the
+    wider head gives sqrt(8) V, which the f16 KV cache rounds at other values (logits move by
+    ~5e-3; see tests/test_scale_pair.py). The assistant's FFN width and query heads are not
+    published; 2048 and 4 are the benchmark's assumption (``benchmark/models.py``)."""
 
     name: str = "e2b"
     layers: tuple[bool, ...] = E2B_LAYERS  # True = sliding-window layer
