@@ -40,6 +40,11 @@ DEMO_DRAFT_N_MAX = 2
 # the demo's default pair: the bundled pair scaled to Gemma 4 E2B's shapes (scale_pair), this weight type
 DEMO_PAIRS = ("e2b", "tiny")
 DEMO_WTYPE = "q4_K"
+# Greedy MTP equals plain greedy up to near-ties: ggml's CPU kernels round a batched verify decode and a
+# one-token decode differently (measured up to 3.7e-3 on f16 weights; on the q4_K E2B pair a parting at
+# a gap of 1.7e-2, where a real error moves logits by 0.1-10). A parting where plain's token leads MTP's
+# by less than this is reported as a near-tie, not as a failure.
+DEMO_NEAR_TIE = 5e-2
 # a prompt at least this long shows its progress on stderr (a long prompt takes seconds to minutes)
 PROMPT_PROGRESS_TOKENS = 1024
 PROMPT_PROGRESS_EVERY_S = 2.0  # how often a non-terminal stderr gets a progress line
@@ -380,8 +385,8 @@ def _chat_reply(model: Any, ctx: Any, messages: list[dict[str, str]], kwargs: di
 
 
 def cmd_demo(args: argparse.Namespace, interrupt: Interrupt) -> int:
-    """The README's main job: a pair (the bundled tiny one by default) generating with and
-    without MTP, side by side."""
+    """The README's main job: a pair (by default the E2B-sized scale-up of the bundled one)
+    generating with and without MTP, side by side."""
     if args.n_predict < 1:
         raise CLIError(f"{_flag(args, 'n_predict')} must be at least 1, got {args.n_predict}")
     if args.model is None and args.pair == "e2b":
@@ -396,15 +401,40 @@ def cmd_demo(args: argparse.Namespace, interrupt: Interrupt) -> int:
             for label, n in (("plain", 0), ("mtp", args.draft_n_max)):
                 results[label] = model.generate(args.prompt, context=ctx, max_tokens=args.n_predict,
                                                 draft_n_max=n)
-    print(results["mtp"].text)
+            plain, mtp = results["plain"], results["mtp"]
+            parting = next((i for i, (a, b) in enumerate(zip(plain.tokens, mtp.tokens)) if a != b), None)
+            gap = None if parting is None else _plain_gap(model, ctx, args.prompt, plain.tokens, mtp.tokens, parting)
+    print(mtp.text)
     print()
     for label, r in results.items():
         print(_stats_line(label, r.stats))
-    plain, mtp = results["plain"], results["mtp"]
-    same = plain.tokens == mtp.tokens
     speed = mtp.stats.tokens_per_second / plain.stats.tokens_per_second if plain.stats.tokens_per_second else 0.0
-    print(f"\nidentical output: {'yes' if same else 'NO'}   MTP speed vs plain: {speed:.2f}x")
-    return 0 if same else 1
+    if parting is None and len(plain.tokens) == len(mtp.tokens):
+        print(f"\nidentical output: yes   MTP speed vs plain: {speed:.2f}x")
+        return 0
+    near_tie = gap is not None and gap < DEMO_NEAR_TIE
+    why = (f"they part at token {parting} on a near-tie: plain's token's logit is {gap:.4f} above MTP's; "
+           "batched and one-token decodes round differently") if near_tie else f"they part at token {parting}"
+    print(f"\nidentical output: {'up to a near-tie' if near_tie else 'NO'} ({why})\nMTP speed vs plain: {speed:.2f}x")
+    return 0 if near_tie else 1
+
+
+def _plain_gap(model: Any, ctx: Any, prompt: str, plain: list[int], mtp: list[int], at: int) -> float | None:
+    """Replay plain decoding up to the first parting ``at`` -- decoded as the driver decodes: the
+    prompt's prefix, its last token, then one token at a time -- and return how far plain's
+    token's logit is above MTP's there (None when MTP stopped first)."""
+    if at >= len(mtp):
+        return None
+    history = model.tokenize(prompt) + plain[:at]
+    n_prompt = len(history) - at
+    ctx.set_embeddings(False)
+    ctx.seq_rm(0, 0, -1)
+    if n_prompt > 1:
+        ctx.decode(history[:n_prompt - 1], pos=0, logits="none")
+    for pos in range(n_prompt - 1, len(history)):
+        ctx.decode(history[pos:pos + 1], pos=pos)
+    row = ctx.logits_view(-1)
+    return float(row[plain[at]] - row[mtp[at]])
 
 
 def _e2b_pair() -> tuple[Path, Path]:
