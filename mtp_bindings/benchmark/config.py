@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
+import importlib.util
 import os
 import sys
 import time
@@ -22,10 +22,11 @@ def llama_server_path() -> Path:
     if env:
         return Path(env)
     cands = [PKG / "bin" / "llama-server"]
-    with contextlib.suppress(ImportError):
-        from .. import _ffi
-
-        cands.append(Path(_ffi.__file__).resolve().parent / "bin" / "llama-server")
+    # found, not imported: importing the compiled module would load libgomp before the package sets
+    # its spin count (mtp_bindings.threads)
+    spec = importlib.util.find_spec("mtp_bindings._ffi")
+    if spec is not None and spec.origin:
+        cands.append(Path(spec.origin).resolve().parent / "bin" / "llama-server")
     return next((c for c in cands if c.is_file()), cands[0])
 
 # A prompt of the kind the trained pair was trained on (Python source).
