@@ -159,3 +159,9 @@ def test_shapes_the_construction_cannot_keep_exact_are_refused(tmp_path, change)
 def test_unknown_weight_type_is_refused(tmp_path):
     with pytest.raises(InvalidParameterError):
         scale_pair(SMALL, types=("q3_K",), cache_dir=tmp_path, progress=False)
+
+
+def test_f16_files_written_only_to_be_quantized_are_removed(tmp_path):
+    pair = scale_pair(SMALL, types=("q8_0",), cache_dir=tmp_path, threads=2, progress=False)
+    assert all(p.is_file() for p in pair.paths())
+    assert not list(pair.directory.glob("*-f16.gguf"))
