@@ -55,11 +55,12 @@ PROMPTS = ["def parse_args(argv):\n", "import os\nimport sys\n", "class Queue:\n
 WORKER = r"""
 import json, sys, time
 from mtp_bindings import Model
-from mtp_bindings.cli import DEFAULT_TARGET, DEFAULT_ASSISTANT
+from mtp_bindings.models import ASSISTANT, TARGET
 mode, gens, tokens, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 prompts = json.loads(sys.argv[5])
+target, assistant = sys.argv[6] or TARGET, sys.argv[7] or ASSISTANT
 kw = {} if mode == "mtp" else {"draft_n_max": 0}
-with Model(DEFAULT_TARGET, assistant=DEFAULT_ASSISTANT) as model:
+with Model(target, assistant=assistant) as model:
     ctx = model.create_context(n_ctx=1024, n_threads=threads or None, embeddings=True)
     model.generate(prompts[0], context=ctx, max_tokens=16, ignore_eos=True, **kw)  # warm-up
     print("ready", flush=True)
@@ -89,7 +90,8 @@ def run_scenario(scenario: str, mode: str, overrides: dict[str, str], args: argp
     overrides = dict(overrides)
     threads = overrides.pop("threads", str(args.threads))
     env = config_env(overrides)
-    cmd = [sys.executable, "-c", WORKER, mode, str(args.gens), str(args.tokens), threads, json.dumps(PROMPTS)]
+    cmd = [sys.executable, "-c", WORKER, mode, str(args.gens), str(args.tokens), threads, json.dumps(PROMPTS),
+           str(args.model or ""), str(args.mtp_head or "")]
     procs = [subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
              for _ in range(n_workers)]
     busy = None
@@ -152,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gens", type=int, default=5)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=0, help="n_threads of the context (0: the package default)")
+    p.add_argument("-m", "--model", type=Path, default=None, help="target GGUF (default: the bundled trained pair's)")
+    p.add_argument("-md", "--mtp-head", type=Path, default=None, help="assistant GGUF (default: the bundled one)")
     p.add_argument("--timeout", type=float, default=20.0, help="seconds before a process is stopped and extrapolated")
     p.add_argument("--out", type=Path, default=RESULTS / "shared_cpu", help="writes OUT.json and OUT.md")
     args = p.parse_args(argv)
@@ -189,8 +193,9 @@ def report(result: dict) -> str:
     """Median seconds per (mode, config, scenario) and the ratio to the same config's solo time."""
     runs = result["runs"]
     a = result["args"]
+    pair = f"`{Path(a['model']).name}` + `{Path(a['mtp_head']).name}`" if a.get("model") else "bundled trained pair"
     lines = [f"# Generation on a shared CPU ({result['date']}, {result['cpus']} CPUs)", "",
-             f"`python bench/shared_cpu.py` — bundled trained pair, {a['gens']} x {a['tokens']} tokens per process, "
+             f"`python bench/shared_cpu.py` — {pair}, {a['gens']} x {a['tokens']} tokens per process, "
              f"{a['reps']} repetitions, medians; ratio = scenario / the same configuration alone in the same repetition; "
              f"`>=`: stopped after {a['timeout']:.0f} s and extrapolated from the tokens done.", "",
              "| mode | configuration | alone s | two at once s (ratio) | beside a busy loop s (ratio) | alone vs default |",

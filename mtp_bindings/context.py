@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 
 import numpy as np
 
 from . import _native
-from .threads import (ADAPT_INTERVAL_S, check_threads, default_threads, runnable_threads, threads_for_load,
+from .threads import (ADAPT_INTERVAL_S, ADAPT_SAMPLES, check_threads, default_threads, runnable_threads, threads_for_load,
                       usable_cpus)
 from ._handle import NativeHandle
 from ._native import ffi, lib
@@ -163,6 +164,9 @@ class Context(NativeHandle):
         self._threads_budget = self._threads_now = int(lib.llama_n_threads(ptr))
         self._adapt_threads = self.params.adapts_threads
         self._next_adapt = 0.0
+        # the last few readings of other runnable threads: their minimum is what counts, so that a process
+        # woken for a moment (a reader of our streamed output, a server's event loop) is not taken for load
+        self._others_seen: deque[int] = deque(maxlen=ADAPT_SAMPLES)
         self._cpus = (usable_cpus(), os.cpu_count() or 1)  # (usable by this process, the machine's)
         self.n_outputs = 0
         self._mtp_state: Any = None  # set by mtp.py when an MTP request is in flight
@@ -202,8 +206,8 @@ class Context(NativeHandle):
 
     def adapt_threads(self) -> int:
         """For a context created without ``n_threads``: compute with the part of the thread budget
-        that other work leaves free right now (:func:`~mtp_bindings.threads.threads_for_load`),
-        re-read at most every ``ADAPT_INTERVAL_S``. The generation loop calls it between rounds,
+        that other work leaves free (:func:`~mtp_bindings.threads.threads_for_load`): the least other
+        load of the last ``ADAPT_SAMPLES`` readings, taken at most every ``ADAPT_INTERVAL_S``. The generation loop calls it between rounds,
         when this context's own threads are idle. Results do not depend on the thread count.
         Returns the thread count in effect."""
         if not self._adapt_threads:
@@ -215,7 +219,8 @@ class Context(NativeHandle):
         running = runnable_threads()
         if running is None:
             return self._threads_now
-        n = threads_for_load(self._threads_budget, running - 1, *self._cpus)
+        self._others_seen.append(running - 1)
+        n = threads_for_load(self._threads_budget, min(self._others_seen), *self._cpus)
         if n != self._threads_now:
             with self._lock:
                 lib.llama_set_n_threads(self.ptr, n, n)

@@ -343,7 +343,6 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
                              h_l2=float(np.linalg.norm(h)) if h is not None else 0.0, drafts=drafts)
 
             t = time.perf_counter()
-            ctx.adapt_threads()  # here the drafting worker is done and the compute threads are idle
             batch = [x] + drafts
             ctx.decode(batch, pos=attn_pos + 1, seq_id=seq_id, logits="all")
             rows = [ctx.logits_view(i) for i in range(len(batch))]  # no copies: read before the next decode
@@ -351,6 +350,10 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
 
             t = time.perf_counter()
             n_acc, y = sampler.verify(rows, drafts, history)
+            # Re-read the load for the next decode here: the drafting worker and the compute threads are idle,
+            # and the reader of the last yielded piece (woken a whole decode ago) is asleep again. Read just
+            # after a yield, that reader is almost always running and looks like load.
+            ctx.adapt_threads()
             stats.t_sample += time.perf_counter() - t
             if n_acc < len(drafts):
                 ctx.seq_rm(seq_id, attn_pos + 2 + n_acc, -1)

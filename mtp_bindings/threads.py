@@ -41,8 +41,12 @@ MAX_DEFAULT_THREADS = 8
 OPENMP_SPIN_COUNT = 300
 # variables by which a user chooses libgomp's waiting: if any is set, we leave libgomp alone
 OPENMP_CHOICE_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-# how often a default-threaded context re-reads the machine's load (a /proc read, ~20 us)
+# how often a default-threaded context re-reads the machine's load (a /proc read, ~20 us), and over how
+# many readings it takes the least: a reading is an instant, and a process woken for a moment (the reader
+# of a streamed output) is not load; a busy process shows in every reading. Measured: with single readings
+# the benchmark's own harness, woken by each streamed line, halved an E2B-sized decode's threads alone.
 ADAPT_INTERVAL_S = 0.1
+ADAPT_SAMPLES = 3
 
 _warned: set[str] = set()
 
@@ -171,6 +175,7 @@ def openmp_defaults(environ: MutableMapping[str, str] = os.environ) -> Iterator[
             environ.pop(k, None)
 
 
-__all__ = ["MAX_DEFAULT_THREADS", "OPENMP_SPIN_COUNT", "OPENMP_CHOICE_VARS", "ADAPT_INTERVAL_S", "cgroup_cpu_limit",
+__all__ = ["MAX_DEFAULT_THREADS", "OPENMP_SPIN_COUNT", "OPENMP_CHOICE_VARS", "ADAPT_INTERVAL_S", "ADAPT_SAMPLES",
+           "cgroup_cpu_limit",
            "usable_cpus", "default_threads", "threads_per_slot", "check_threads", "runnable_threads",
            "threads_for_load", "libgomp_loaded", "openmp_defaults"]
