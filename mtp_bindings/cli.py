@@ -420,19 +420,12 @@ def cmd_demo(args: argparse.Namespace, interrupt: Interrupt) -> int:
 
 
 def _plain_gap(model: Any, ctx: Any, prompt: str, plain: list[int], mtp: list[int], at: int) -> float | None:
-    """Replay plain decoding up to the first parting ``at`` -- decoded as the driver decodes: the
-    prompt's prefix, its last token, then one token at a time -- and return how far plain's
-    token's logit is above MTP's there (None when MTP stopped first)."""
+    """How far plain's token's logit is above MTP's at their first parting ``at`` (None when MTP
+    stopped first): plain decoding is replayed up to it, and its last decode's row is the one plain
+    chose from."""
     if at >= len(mtp):
         return None
-    history = model.tokenize(prompt) + plain[:at]
-    n_prompt = len(history) - at
-    ctx.set_embeddings(False)
-    ctx.seq_rm(0, 0, -1)
-    if n_prompt > 1:
-        ctx.decode(history[:n_prompt - 1], pos=0, logits="none")
-    for pos in range(n_prompt - 1, len(history)):
-        ctx.decode(history[pos:pos + 1], pos=pos)
+    model.generate(prompt, context=ctx, max_tokens=at + 1, draft_n_max=0)
     row = ctx.logits_view(-1)
     return float(row[plain[at]] - row[mtp[at]])
 

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, Literal, Sequence
 import numpy as np
 
 from . import _native
-from .threads import (ADAPT_INTERVAL_S, ADAPT_SAMPLES, check_threads, default_threads, runnable_threads, threads_for_load,
-                      usable_cpus)
 from ._handle import NativeHandle
 from ._native import ffi, lib
 from .exceptions import ContextError, ContextOverflowError, DecodeError, InvalidParameterError
+from .threads import (ADAPT_INTERVAL_S, ADAPT_SAMPLES, check_threads, default_threads, runnable_threads,
+                      threads_for_load, usable_cpus)
 
 if TYPE_CHECKING:
     from .model import Model
@@ -207,8 +207,8 @@ class Context(NativeHandle):
     def adapt_threads(self) -> int:
         """For a context created without ``n_threads``: compute with the part of the thread budget
         that other work leaves free (:func:`~mtp_bindings.threads.threads_for_load`): the least other
-        load of the last ``ADAPT_SAMPLES`` readings, taken at most every ``ADAPT_INTERVAL_S``. The generation loop calls it between rounds,
-        when this context's own threads are idle. Results do not depend on the thread count.
+        load of the last ``ADAPT_SAMPLES`` readings, taken at most every ``ADAPT_INTERVAL_S``. The
+        generation loop calls it between rounds, when this context's own threads are idle. Results do not depend on the thread count.
         Returns the thread count in effect."""
         if not self._adapt_threads:
             return self._threads_now

@@ -350,11 +350,11 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
 
             t = time.perf_counter()
             n_acc, y = sampler.verify(rows, drafts, history)
+            stats.t_sample += time.perf_counter() - t
             # Re-read the load for the next decode here: the drafting worker and the compute threads are idle,
             # and the reader of the last yielded piece (woken a whole decode ago) is asleep again. Read just
             # after a yield, that reader is almost always running and looks like load.
             ctx.adapt_threads()
-            stats.t_sample += time.perf_counter() - t
             if n_acc < len(drafts):
                 ctx.seq_rm(seq_id, attn_pos + 2 + n_acc, -1)
             if drafting:
