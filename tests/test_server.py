@@ -525,5 +525,30 @@ def test_metrics_count_requests_tokens_and_drafts(server: Server) -> None:
         assert m["mtp_request_acceptance_rate_count"] > 0
     else:
         assert m["mtp_draft_tokens_total"] == 0
-    assert re.search(r'^mtp_http_requests_total\{endpoint="other",status="404"\} \d+$', text, re.M)
+    # prometheus_client writes every value as a float ("1.0")
+    assert re.search(r'^mtp_http_requests_total\{endpoint="other",status="404"\} \d+\.0$', text, re.M)
     assert m["mtp_requests_processing"] == 0 and m["mtp_requests_queued"] == 0
+
+
+def test_metrics_have_llama_server_and_vllm_aliases(server: Server) -> None:
+    """Dashboards built for llama-server or vLLM read the same counts under their names."""
+    server.openai().completions.create(model="any", prompt=PROMPTS[1], max_tokens=8, temperature=0)
+    m = _wait_idle(server)
+    name = f'model_name="{_model_files()[0].stem}"'
+    for ours, llamacpp, vllm in (
+        ("mtp_prompt_tokens_total", "llamacpp:prompt_tokens_total", f"vllm:prompt_tokens_total{{{name}}}"),
+        ("mtp_generated_tokens_total", "llamacpp:tokens_predicted_total", f"vllm:generation_tokens_total{{{name}}}"),
+        ("mtp_draft_tokens_total", "llamacpp:spec_decode_num_draft_tokens_total",
+         f"vllm:spec_decode_num_draft_tokens_total{{{name}}}"),
+        ("mtp_draft_accepted_tokens_total", "llamacpp:spec_decode_num_accepted_tokens_total",
+         f"vllm:spec_decode_num_accepted_tokens_total{{{name}}}"),
+        ("mtp_requests_processing", "llamacpp:requests_processing", f"vllm:num_requests_running{{{name}}}"),
+        ("mtp_requests_queued", "llamacpp:requests_deferred", f"vllm:num_requests_waiting{{{name}}}"),
+    ):
+        assert m[ours] == m[llamacpp] == m[vllm], ours
+    assert m["llamacpp:prompt_seconds_total"] > 0 and m["llamacpp:tokens_predicted_seconds_total"] > 0
+    if server.has_mtp:  # positions: 1-based in ours, 0-based in theirs
+        assert m['mtp_draft_position_accepted_total{position="1"}'] == \
+            m['llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"}'] == \
+            m[f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{name},position="0"}}']
+        assert m["llamacpp:spec_decode_num_drafts_total"] == m['mtp_draft_position_drafted_total{position="1"}'] > 0

@@ -1,0 +1,66 @@
+"""An OpenAI-compatible HTTP server over the generation driver (``mtp-bindings serve``).
+
+Why it exists: most Python LLM tooling talks to models through the OpenAI HTTP API. This module
+puts one loaded :class:`~mtp_bindings.model.Model` (optionally with its MTP assistant) behind
+that API, so those tools get MTP speculative decoding without code changes.
+
+Endpoints:
+
+* ``POST /v1/chat/completions`` and ``POST /v1/completions``: OpenAI's request and response
+  formats, streaming (server-sent events, ``data: {chunk}``, then ``data: [DONE]``) or not.
+  Non-streaming responses and the last stream chunk carry OpenAI ``usage`` and llama-server-style
+  ``timings`` (``prompt_n``, ``prompt_ms``, ``predicted_n``, ``predicted_ms``,
+  ``predicted_per_second``, ``draft_n``, ``draft_n_accepted``).
+* ``GET /v1/models``, ``GET /health`` (never needs the API key), ``GET /metrics`` (Prometheus text).
+
+Requests take the OpenAI fields that map onto :func:`~mtp_bindings.speculative.generate`
+(``max_tokens``/``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``,
+``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``stream``,
+``stream_options.include_usage``; ``n`` must be 1) and llama-server's extras (``top_k``, ``min_p``, ``repeat_penalty``,
+``repeat_last_n``, ``n_predict``, ``speculative.n_max`` -- flat key or nested object -- and
+``draft_n_max``). Unknown fields are ignored, since OpenAI clients send extras; a known field of
+the wrong type or out of range, bad JSON, or a prompt that does not fit the context is a 400 with
+OpenAI's error body ``{"error": {"message", "type", "param", "code"}}``. User input never yields
+a 5xx.
+
+Concurrency: the server owns ``n_slots`` llama.cpp contexts on the one shared model, each served
+by its own worker thread. A request is tokenized off the event loop, then queued; the first free
+slot takes it (FIFO), so at most ``n_slots`` generations run at once and the rest wait in the
+queue (``mtp_requests_queued`` in ``/metrics``). Workers hand pieces back to the event loop
+through a per-request asyncio queue. Each slot's KV memory is cleared per request (no prompt
+cache). A client that disconnects -- while queued, mid-stream, or waiting for a non-streamed
+reply -- cancels its generation: the worker stops at the next round, drains any MTP draft in
+flight and takes the next request.
+
+Length: a request that sets no ``max_tokens`` (nor ``max_completion_tokens``/``n_predict``) gets
+at most the server's ``n_predict`` tokens (``DEFAULT_N_PREDICT``; -1: until the context is full),
+like llama-server's ``-n``: one forgotten limit must not hold a slot for many minutes.
+
+Shutdown (Ctrl-C / SIGTERM): the server stops accepting connections, cancels every generation at
+once (queued or running) and answers each open request with a 503 ``server_shutting_down`` error
+-- a JSON error body, or for a stream an error event after the text sent so far -- then exits.
+
+Security: binds 127.0.0.1 unless told otherwise; with ``api_key`` set every route but
+``/health`` needs ``Authorization: Bearer <key>``.
+
+The package, one job a module, each importing only the ones listed before it:
+
+* :mod:`.errors` -- OpenAI-shaped errors; :mod:`.schemas` -- request models and body parsing;
+  :mod:`.params` -- request -> generation arguments; :mod:`.prompts` -- prompts as tokens;
+* :mod:`.metrics` -- counters and ``/metrics`` (prometheus_client, with llama-server and vLLM
+  aliases); :mod:`.slots` -- contexts and their worker threads; :mod:`.responses` -- response
+  bodies; :mod:`.streaming` -- server-sent events;
+* :mod:`.auth` -- the API key; :mod:`.handlers` -- what each route does; :mod:`.app` -- the app
+  factory; :mod:`.runner` -- uvicorn and shutdown.
+"""
+
+from __future__ import annotations
+
+from .app import DEFAULT_N_PREDICT, ROUTES, create_app
+from .errors import APIError
+from .params import DraftDefaults, generation_kwargs
+from .runner import serve
+from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
+
+__all__ = ["APIError", "ChatCompletionRequest", "CompletionRequest", "DEFAULT_N_PREDICT", "DraftDefaults",
+           "GenerationRequest", "ROUTES", "create_app", "generation_kwargs", "serve"]

@@ -1,0 +1,150 @@
+"""The FastAPI app: settings checked, routes wired to their handlers, errors in OpenAI's shape.
+
+One job: assemble the app from the server's parts -- :class:`~.handlers.Server` (the state and
+what each route does), the API key dependency (:mod:`.auth`), the request counter
+(:mod:`.metrics`) -- and tie the slot pool's life to the app's (contexts created at startup,
+freed at shutdown).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..exceptions import InvalidParameterError
+from ..limits import SERVER_N_PREDICT
+from ..threads import threads_per_slot
+from .auth import BearerKey
+from .errors import APIError
+from .handlers import Server
+from .metrics import CONTENT_TYPE, RequestCounter
+from .params import DraftDefaults
+
+logger = logging.getLogger(__name__)
+
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+DEFAULT_N_PREDICT = SERVER_N_PREDICT  # tokens of a request that sets no limit (-1: until the context is full)
+
+
+def create_app(
+    model: Any,
+    *,
+    model_name: str,
+    api_key: str | None = None,
+    n_slots: int = 1,
+    n_ctx: int = 4096,
+    n_predict: int = DEFAULT_N_PREDICT,
+    n_threads: int | None = None,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    flash_attn: str = "auto",
+    draft_n_max: int | None = None,
+    preset: str | None = None,
+    depth2: bool | None = None,
+    skip_streak: int | None = None,
+) -> FastAPI:
+    """The FastAPI app serving ``model`` (already loaded, assistant attached or not) as
+    ``model_name``. A request that sets no length limit gets at most ``n_predict`` tokens (-1:
+    until the context is full). ``n_slots`` contexts of ``n_ctx`` tokens (KV types and flash attention as in
+    :class:`~mtp_bindings.context.ContextParams`; ``n_threads`` is the budget all slots share,
+    default the usable CPUs, see :func:`~mtp_bindings.threads.threads_per_slot`) are created when the app starts
+    and freed when it stops; the model stays the caller's. Drafting defaults (``draft_n_max``,
+    ``preset``, ``depth2``, ``skip_streak``) are :func:`generate`'s; requests may override
+    ``draft_n_max``."""
+    if isinstance(n_slots, bool) or not isinstance(n_slots, int) or not 1 <= n_slots <= 64:
+        raise InvalidParameterError(f"n_slots must be an int in 1..64, got {n_slots!r}")
+    if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 2:
+        raise InvalidParameterError(f"n_ctx must be an int >= 2, got {n_ctx!r}")
+    if isinstance(n_predict, bool) or not isinstance(n_predict, int) or not (n_predict >= 1 or n_predict == -1):
+        raise InvalidParameterError(f"n_predict must be a positive int or -1 (until the context is full), "
+                                    f"got {n_predict!r}")
+    if api_key is not None and not api_key:
+        raise InvalidParameterError("api_key must be a non-empty string or None")
+    draft = DraftDefaults(draft_n_max, preset, depth2, skip_streak)
+    draft.validate()
+    if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1):
+        raise InvalidParameterError(f"n_threads must be a positive int or None, got {n_threads!r}")
+    # each slot gets its share of the budget; without an explicit n_threads it also adapts to the load
+    context_kwargs = dict(n_ctx=n_ctx, n_threads=threads_per_slot(n_slots, n_threads),
+                          adapt_threads=n_threads is None, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
+                          embeddings=model.has_assistant)
+    server = Server(model, model_name=model_name, n_slots=n_slots, n_ctx=n_ctx, context_kwargs=context_kwargs,
+                    draft=draft, n_predict=n_predict)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await anyio.to_thread.run_sync(server.pool.start)
+        logger.info("serving %s: %d slot(s) of %d tokens, %d compute thread(s) each, MTP %s", model_name, n_slots,
+                    n_ctx, context_kwargs["n_threads"], "on" if model.has_assistant else "off (no assistant)")
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(server.pool.stop)
+
+    app = FastAPI(title="mtp-bindings", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.server = server
+    _add_error_handlers(app)
+    _add_routes(app, server, BearerKey(api_key))
+    app.add_middleware(RequestCounter, metrics=server.metrics, routes=ROUTES)
+    return app
+
+
+def _add_routes(app: FastAPI, server: Server, key: BearerKey) -> None:
+    """Every route but ``/health`` depends on the API key."""
+    keyed = [Depends(key)]
+
+    @app.post("/v1/chat/completions", dependencies=keyed)
+    async def chat_completions(request: Request) -> Response:
+        return await server.chat_completions(request)
+
+    @app.post("/v1/completions", dependencies=keyed)
+    async def completions(request: Request) -> Response:
+        return await server.completions(request)
+
+    @app.get("/v1/models", dependencies=keyed)
+    async def models() -> dict[str, Any]:
+        return server.models()
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return server.health()
+
+    @app.get("/metrics", dependencies=keyed)
+    async def metrics() -> Response:
+        return Response(server.metrics.render(), media_type=CONTENT_TYPE)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error leaves in OpenAI's shape: ours, routing's (404/405), and anything unexpected
+    (500, logged)."""
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            err = APIError(404, f"unknown route: {request.method} {request.url.path}", code="not_found")
+        elif exc.status_code == 405:
+            err = APIError(405, f"{request.method} is not allowed on {request.url.path}", code="method_not_allowed")
+        else:
+            err = APIError(exc.status_code, str(exc.detail), code=None)
+        return err.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def request_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return APIError(400, str(exc), code="invalid_value").response()
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unexpected error on %s %s", request.method, request.url.path)
+        return APIError(500, "internal server error", type="server_error").response()

@@ -1,0 +1,167 @@
+"""What each route does: the state behind the routes (model, slots, metrics, settings) and the
+request handling of every endpoint.
+
+One job: from an HTTP request to a response. A generation request is read and validated
+(:mod:`.schemas`), tokenized off the event loop (:mod:`.prompts`), turned into generation
+arguments (:mod:`.params`) and queued on the slot pool (:mod:`.slots`); the handler waits for the
+first piece (so errors before any output still get their proper status), then answers whole or
+streamed (:mod:`.streaming`). A client that disconnects -- while queued, mid-stream, or waiting
+for a whole reply -- cancels its generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import anyio
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+
+from ..exceptions import InvalidParameterError, TokenizeError
+from ..limits import SERVER_N_PREDICT
+from .errors import APIError, ClientGone, generation_error, shutting_down_error
+from .metrics import ServerMetrics
+from .params import DraftDefaults, generation_kwargs
+from .prompts import chat_tokens, completion_tokens
+from .responses import Reply
+from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, parse_body
+from .slots import END, Job, SlotPool
+from .streaming import JobStreamingResponse, events
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+DISCONNECT_POLL_S = 0.2
+
+
+class Server:
+    """The state behind the routes: the model, the slots, the metrics and the settings."""
+
+    def __init__(self, model: Any, *, model_name: str, n_slots: int, n_ctx: int, context_kwargs: Mapping[str, Any],
+                 draft: DraftDefaults, n_predict: int = SERVER_N_PREDICT) -> None:
+        self.model = model
+        self.model_name = model_name
+        self.n_ctx = n_ctx
+        self.n_predict = n_predict
+        self.draft = draft
+        self.metrics = ServerMetrics(n_slots, model_name)
+        self.pool = SlotPool(model, n_slots, context_kwargs, self.metrics)
+        self.created = int(time.time())
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def abort_requests(self) -> None:
+        """The server is stopping: cancel every generation and answer every open request with
+        :func:`~.errors.shutting_down_error` (called on the event loop, before uvicorn waits for
+        them)."""
+        self.pool.abort_all(shutting_down_error())
+
+    async def read_body(self, request: Request, model: type[BaseModel]) -> Any:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            raise APIError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes", code="request_too_large")
+        raw = await request.body()
+        if len(raw) > MAX_BODY_BYTES:
+            raise APIError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes", code="request_too_large")
+        return parse_body(raw, model)
+
+    async def tokens(self, fn: Callable[[], list[int]], param: str) -> list[int]:
+        """Tokenize off the event loop; too long for the context is ``context_length_exceeded``."""
+        try:
+            toks = await anyio.to_thread.run_sync(fn)
+        except (InvalidParameterError, TokenizeError) as e:
+            raise APIError(400, str(e), param=param, code="invalid_value") from None
+        if not toks:
+            raise APIError(400, "the prompt is empty", param=param, code="invalid_value")
+        if len(toks) >= self.n_ctx:
+            raise APIError(400, f"This model's maximum context length is {self.n_ctx} tokens. However, your "
+                                f"prompt has {len(toks)} tokens (and at least one must be generated).",
+                           param=param, code="context_length_exceeded")
+        return toks
+
+    async def next_item(self, job: Job, request: Request) -> Any:
+        """The job's next item, checking every ``DISCONNECT_POLL_S`` (whether or not items keep
+        coming) that the client is still there while no response has started."""
+        while True:
+            now = time.monotonic()
+            if now - job.checked_at >= DISCONNECT_POLL_S:
+                job.checked_at = now
+                if await request.is_disconnected():
+                    raise ClientGone
+            try:
+                return await asyncio.wait_for(job.items.get(), timeout=DISCONNECT_POLL_S)
+            except asyncio.TimeoutError:
+                continue
+
+    # --- the generation endpoints ---------------------------------------------------------------
+
+    async def run(self, request: Request, req: GenerationRequest, tokens: list[int], reply: Reply,
+                  echo: str = "") -> Response:
+        """Queue the generation, wait for its first piece (so errors before any output still get
+        their proper status), then answer streamed or whole."""
+        kwargs = generation_kwargs(req, self.draft, len(tokens), self.n_ctx, self.model.n_vocab, self.n_predict)
+        job = Job(tokens, kwargs, asyncio.get_running_loop())
+        self.pool.submit(job)
+        try:
+            first = await self.next_item(job, request)
+            if job.error is not None and (first is END or isinstance(first, Exception)):
+                raise job.error
+            if isinstance(first, Exception):
+                raise generation_error(first)
+            if first is END:  # only a job dropped from the queue ends without a piece carrying stats
+                raise APIError(500, "the generation produced nothing", type="server_error")
+            if req.stream:
+                return JobStreamingResponse(events(job, first, reply, req.include_usage, echo), job)
+            return await self.collect(job, request, first, reply, echo)
+        except ClientGone:
+            job.cancel()
+            return Response(status_code=499)
+        except BaseException:
+            job.cancel()
+            raise
+
+    async def collect(self, job: Job, request: Request, first: Any, reply: Reply, echo: str) -> JSONResponse:
+        pieces = []
+        item = first
+        while item is not END:
+            if isinstance(item, Exception):
+                raise job.error or generation_error(item)
+            pieces.append(item)
+            item = await self.next_item(job, request)
+        if job.error is not None:
+            raise job.error
+        last = pieces[-1]
+        assert last.stats is not None
+        text = echo + "".join(pieces)
+        return JSONResponse(reply.complete(text, last.stats, last.finish_reason))
+
+    async def chat_completions(self, request: Request) -> Response:
+        req: ChatCompletionRequest = await self.read_body(request, ChatCompletionRequest)
+        messages = [m.as_template_message() for m in req.messages]
+        tokens = await self.tokens(lambda: chat_tokens(self.model, messages), "messages")
+        return await self.run(request, req, tokens, Reply(chat=True, model_name=self.model_name))
+
+    async def completions(self, request: Request) -> Response:
+        req: CompletionRequest = await self.read_body(request, CompletionRequest)
+        tokens = await self.tokens(lambda: completion_tokens(self.model, req.prompt), "prompt")
+        echo = ""
+        if req.echo:
+            echo = req.prompt if isinstance(req.prompt, str) else \
+                req.prompt[0] if isinstance(req.prompt[0], str) else self.model.detokenize(req.prompt)
+        return await self.run(request, req, tokens, Reply(chat=False, model_name=self.model_name), echo)
+
+    # --- the others -----------------------------------------------------------------------------
+
+    def models(self) -> dict[str, Any]:
+        m = self.model
+        meta = {"n_ctx": self.n_ctx, "n_ctx_train": m.n_ctx_train, "n_vocab": m.n_vocab, "n_params": m.n_params,
+                "size": m.size, "mtp_assistant": m.has_assistant}
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.created,
+                                            "owned_by": "mtp-bindings", "meta": meta}]}
+
+    def health(self) -> dict[str, Any]:
+        mt = self.metrics
+        return {"status": "ok", "slots_idle": mt.n_slots - mt.processing, "slots_processing": mt.processing,
+                "requests_queued": mt.queued}

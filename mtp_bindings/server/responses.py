@@ -1,0 +1,101 @@
+"""The bodies of the generation responses, in OpenAI's shapes plus llama-server's ``timings``.
+
+One job: turn text and :class:`~mtp_bindings.speculative.GenerationStats` into JSON-ready
+dicts: the whole response, each stream chunk and the closing chunk(s). Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import __version__
+
+if TYPE_CHECKING:
+    from ..speculative import GenerationStats
+
+FINGERPRINT = f"mtp-bindings-{__version__}"
+
+
+def timings(stats: GenerationStats) -> dict[str, Any]:
+    """llama-server's ``timings`` object, with its draft counters."""
+    gen_s = max(stats.t_total - stats.t_prompt, 0.0)
+    prompt_ms, gen_ms = stats.t_prompt * 1e3, gen_s * 1e3
+    return {
+        "prompt_n": stats.n_prompt,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / stats.n_prompt if stats.n_prompt else 0.0,
+        "prompt_per_second": stats.n_prompt / stats.t_prompt if stats.t_prompt > 0 else 0.0,
+        "predicted_n": stats.n_generated,
+        "predicted_ms": gen_ms,
+        "predicted_per_token_ms": gen_ms / stats.n_generated if stats.n_generated else 0.0,
+        "predicted_per_second": stats.n_generated / gen_s if gen_s > 0 else 0.0,
+        "draft_n": stats.n_drafted,
+        "draft_n_accepted": stats.n_accepted,
+    }
+
+
+def usage(stats: GenerationStats) -> dict[str, int]:
+    return {"prompt_tokens": stats.n_prompt, "completion_tokens": stats.n_generated,
+            "total_tokens": stats.n_prompt + stats.n_generated}
+
+
+def _finish(reason: str | None) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+@dataclass
+class Reply:
+    """What one response is about: its id, kind (chat or text) and the served model's name."""
+
+    chat: bool
+    model_name: str
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model_name,
+                "system_fingerprint": FINGERPRINT, "choices": choices}
+
+    def complete(self, text: str, stats: GenerationStats, finish_reason: str | None) -> dict[str, Any]:
+        """The non-streaming response."""
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": _finish(finish_reason)}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": _finish(finish_reason)}
+        body = self._envelope("chat.completion" if self.chat else "text_completion", [choice])
+        body.update(usage=usage(stats), timings=timings(stats))
+        return body
+
+    def chunk(self, text: str | None, *, role: bool = False, finish_reason: str | None = None) -> dict[str, Any]:
+        """One stream chunk: a text delta, the opening role delta, or (``finish_reason``) the end."""
+        finish = _finish(finish_reason) if finish_reason is not None else None
+        if self.chat:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
+
+    def final_chunks(self, stats: GenerationStats, finish_reason: str | None,
+                     include_usage: bool) -> list[dict[str, Any]]:
+        """The closing chunk(s): with ``include_usage``, OpenAI's extra usage chunk (no choices)
+        follows the finish chunk; either way the last chunk carries ``usage`` and ``timings``."""
+        last = self.chunk(None if self.chat else "", finish_reason=finish_reason)
+        if not include_usage:
+            last.update(usage=usage(stats), timings=timings(stats))
+            return [last]
+        tail = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
+        tail.update(usage=usage(stats), timings=timings(stats))
+        return [last, tail]
+

@@ -1,0 +1,248 @@
+"""The request bodies the server accepts, as pydantic models, and how a body becomes one.
+
+One job: say what a valid request is. Field names are OpenAI's, plus llama-server's extras;
+types are strict (``"0.5"`` is not a number, ``true`` is not an int) so that a client bug is a
+400 rather than a silently different generation, and ``null`` means "the default". Bounds come
+from :mod:`.defaults` (one source with the library). :func:`parse_body` turns bad JSON and
+validation errors into OpenAI-style 400s.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import APIError
+
+_STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+class StreamOptions(BaseModel):
+    model_config = _STRICT
+    include_usage: bool | None = None
+
+
+class SpeculativeOptions(BaseModel):
+    """llama-server's ``speculative`` object; only ``n_max`` is used (``n_min``/``p_min`` ignored)."""
+
+    model_config = _STRICT
+    n_max: int | None = Field(None, ge=0, le=16)
+
+
+class GenerationRequest(BaseModel):
+    """Fields shared by chat and text completions (OpenAI names plus llama-server extras).
+
+    Strict types (``"0.5"`` is not a number, ``true`` is not an int) so that a client bug is a
+    400 rather than a silently different generation; ``null`` means "the default"."""
+
+    model_config = _STRICT
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    n_predict: int | None = Field(None, ge=-1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repeat_penalty: float | None = Field(None, gt=0.0, le=100.0)
+    repeat_last_n: int | None = Field(None, ge=-1)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    seed: int | None = Field(None, ge=-1, le=2**63 - 1)
+    stop: str | list[str] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    logit_bias: dict[str, float] | None = None
+    draft_n_max: int | None = Field(None, ge=0, le=16)
+    speculative: SpeculativeOptions | None = None
+    speculative_n_max: int | None = Field(None, alias="speculative.n_max", ge=0, le=16)
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, v: int | None) -> int | None:
+        if v is not None and v != 1:
+            raise ValueError("this server generates one choice per request: n must be 1")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list) and len(v) > 16:
+            raise ValueError("at most 16 stop strings")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for tok, bias in (v or {}).items():
+            if not tok.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {tok!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias!r} for token {tok}")
+        return v
+
+    def token_bias(self, n_vocab: int) -> dict[int, float] | None:
+        """``logit_bias`` with int keys, or an :class:`APIError` for ids outside the vocabulary."""
+        if not self.logit_bias:
+            return None
+        bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+        bad = [k for k in bias if k >= n_vocab]
+        if bad:
+            raise APIError(400, f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {n_vocab})",
+                           param="logit_bias", code="invalid_value")
+        return bias
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def requested_max_tokens(self) -> int | None:
+        """``max_tokens`` (or llama-server's ``n_predict``; -1 = unbounded); None = until the
+        context is full."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        if self.n_predict is not None and self.n_predict >= 0:
+            return self.n_predict
+        return None
+
+    def requested_draft_n_max(self) -> int | None:
+        if self.draft_n_max is not None:
+            return self.draft_n_max
+        if self.speculative is not None and self.speculative.n_max is not None:
+            return self.speculative.n_max
+        return self.speculative_n_max
+
+
+class TextPart(BaseModel):
+    model_config = _STRICT
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = _STRICT
+    role: str = Field(min_length=1)
+    content: str | list[TextPart] | None = None
+
+    def as_template_message(self) -> dict[str, str]:
+        """``{"role", "content"}`` for the chat template (text parts joined; OpenAI's newer
+        ``developer`` role is the template's ``system``)."""
+        content = self.content if isinstance(self.content, str) else \
+            "".join(p.text for p in self.content or [])
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: bool | None) -> bool | None:
+        if v:
+            raise ValueError("logprobs are not supported by this server")
+        return v
+
+    def requested_max_tokens(self) -> int | None:
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return super().requested_max_tokens()
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: str | list[str] | list[int]
+    echo: bool | None = None
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v: str | list[str] | list[int]) -> str | list[str] | list[int]:
+        if isinstance(v, list) and not v:
+            raise ValueError("the prompt is empty")
+        if isinstance(v, list) and isinstance(v[0], str) and len(v) != 1:
+            raise ValueError("this server takes one prompt per request (a string, a list of one string, "
+                             "or a list of token ids)")
+        return v
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: int | None) -> int | None:
+        if v:
+            raise ValueError("logprobs are not supported by this server")
+        return v
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_best(cls, v: int | None) -> int | None:
+        if v is not None and v != 1:
+            raise ValueError("best_of must be 1")
+        return v
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: str | None) -> str | None:
+        if v:
+            raise ValueError("suffix (insertion) is not supported by this server")
+        return v
+
+
+def _field_names(*models: type[BaseModel]) -> frozenset[str]:
+    """Every field name and alias of the request models (to tell them from pydantic's union tags
+    in an error location)."""
+    names: set[str] = set()
+    for m in models:
+        for name, f in m.model_fields.items():
+            names.add(name)
+            if f.alias:
+                names.add(f.alias)
+    return frozenset(names)
+
+
+_FIELD_NAMES = _field_names(ChatCompletionRequest, CompletionRequest, ChatMessage, TextPart, StreamOptions,
+                            SpeculativeOptions)
+
+
+def _error_param(loc: Iterable[Any]) -> str | None:
+    parts = [str(p) for p in loc if isinstance(p, int) or p in _FIELD_NAMES]
+    return ".".join(parts) or None
+
+
+def _error_code(kind: str) -> str:
+    if kind == "missing":
+        return "missing_required_parameter"
+    if kind.endswith("_type") or kind.endswith("_parsing") or kind in ("int_from_float", "union_tag_invalid"):
+        return "invalid_type"
+    return "invalid_value"
+
+
+def validation_error(e: ValidationError) -> APIError:
+    """The first problem of a pydantic error, as an OpenAI-style 400."""
+    err = e.errors(include_url=False)[0]
+    param = _error_param(err["loc"])
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "model_type" and not param:
+        msg = "the request body must be a JSON object"
+    return APIError(400, f"{param}: {msg}" if param else msg, param=param, code=_error_code(err["type"]))
+
+
+def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
+    """The request body as ``model``, or an :class:`APIError` 400 (bad JSON, wrong types)."""
+    try:
+        data = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as e:
+        raise APIError(400, f"could not parse the request body as JSON: {e}", code="invalid_json") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e) from None
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not valid JSON")

@@ -1,0 +1,63 @@
+"""Server-sent events: a generation streamed as ``data: {chunk}`` lines, then ``data: [DONE]``.
+
+One job: turn a job's pieces into SSE bytes, and make sure a stream that ends for any reason
+(finished, client gone, server error) cancels its job, so a slot never generates for nobody.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from .errors import generation_error
+from .responses import Reply
+from .slots import END, Job
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    """One event: ``payload`` as compact JSON (or as is, for ``[DONE]``)."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+async def events(job: Job, first: Any, reply: Reply, include_usage: bool, echo: str) -> AsyncIterator[bytes]:
+    """SSE chunks: the opening (role / echoed prompt), text deltas, the close and ``[DONE]``.
+    An error after the stream started is sent as an error event after the text so far."""
+    if reply.chat:
+        yield sse(reply.chunk("", role=True))
+    elif echo:
+        yield sse(reply.chunk(echo))
+    item = first
+    while item is not END:
+        if isinstance(item, Exception):
+            yield sse((job.error or generation_error(item)).body())
+            return
+        if item:
+            yield sse(reply.chunk(str(item)))
+        if item.stats is not None:
+            if job.error is not None:  # stopped by the server: say why instead of a normal end
+                yield sse(job.error.body())
+                return
+            for chunk in reply.final_chunks(item.stats, item.finish_reason, include_usage):
+                yield sse(chunk)
+        item = await job.items.get()
+    yield sse("[DONE]")
+
+
+class JobStreamingResponse(StreamingResponse):
+    """A streaming response that cancels its job however the response ends (finished, client
+    gone, server error), so a slot is never left generating for nobody."""
+
+    def __init__(self, content: AsyncIterator[bytes], job: Job) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.job = job
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()
