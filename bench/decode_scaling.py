@@ -66,7 +66,9 @@ SLIDING_WINDOW = 512
 VOCAB = 262144
 LAYERS = (True, True, True, False)  # sliding-window pattern: [S, S, S, F]
 TYPES = ("f16", "q8_0", "q4_K")
-FTYPES = {"f16": 1, "q8_0": 7, "q4_K": 14}  # llama_ftype: MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_Q4_K_S (pure)
+# llama_ftype: MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_Q4_K_S (pure), MOSTLY_Q4_K_M (LM head and part of ffn_down/attn_v
+# in Q6_K, what most published GGUFs are)
+FTYPES = {"f16": 1, "q8_0": 7, "q4_K": 14, "q4_K_M": 15}
 SEED = 8
 
 
@@ -209,7 +211,8 @@ def quantize(src: Path, dst: Path, ftype: int, threads: int) -> None:
     params = lib.llama_model_quantize_default_params()
     params.nthread = threads
     params.ftype = ftype
-    params.pure = True  # every matrix, token_embd included, in the one type
+    # pure: every matrix, token_embd included, in the one type; Q4_K_M is a mix by definition
+    params.pure = ftype != FTYPES["q4_K_M"]
     rc = lib.llama_model_quantize(str(src).encode(), str(dst).encode(), ffi.new("llama_model_quantize_params *", params))
     if rc != 0:
         raise RuntimeError(f"llama_model_quantize({src} -> {dst}) failed with {rc}")

@@ -1,12 +1,13 @@
 """Matrix products with few input columns (patches 0100-0101, issue 8).
 
-* ggml alone: every product of f16, q8_0 and q4_K weights with n = 1..8 columns (and a few more)
+* ggml alone: every product of f16, q8_0, q4_K and q6_K weights with n = 1..8 columns (and a few more)
   agrees with a naive reference on the dequantized weights within test-backend-ops' MUL_MAT
   tolerance (NMSE 5e-4), in every weight layout the CPU backend has here (AMX / repacked / plain),
   checked by ``bench/mulmat_bench.c --check``.
 * Through the Python API: a decode of n = 2..8 tokens gives the logits of n single-token decodes
-  (the verify batch of a speculative round must score like the draft steps) for small f16, q8_0
-  and q4_K Gemma 4 targets whose widths reach every few-column kernel.
+  (the verify batch of a speculative round must score like the draft steps) for small f16, q8_0,
+  q4_K and q4_K_M (Q6_K LM head and half of ffn_down, patch 0104) Gemma 4 targets whose widths reach
+  every few-column kernel.
 
 Both run in subprocesses, so that a kernel fault fails a test instead of killing pytest.
 """
@@ -30,6 +31,7 @@ SHAPES = {  # rows x cols: AMX wants rows % 32 (else repacked or plain), q4_K co
     "f16": ["64x256", "544x512", "2048x1536", "40x96"],
     "q8_0": ["64x256", "544x512", "2048x1536", "40x96"],
     "q4_K": ["64x256", "544x512", "2048x1536", "40x256"],
+    "q6_K": ["64x256", "544x512", "2048x1536", "40x256"],
 }
 LAYOUTS = {"chosen": [], "plain": ["--plain"], "repacked": ["--buft", "CPU_REPACK"]}
 
@@ -103,19 +105,19 @@ def _bench_module():  # noqa: ANN202
 
 @pytest.fixture(scope="module")
 def small_targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Small random Gemma 4 targets (hidden 256) in f16, q8_0 and q4_K."""
+    """Small random Gemma 4 targets (hidden 256) in f16, q8_0, q4_K and q4_K_M."""
     ds = _bench_module()
     d = tmp_path_factory.mktemp("few-columns")
     dims = ds.Dims(hidden=256, ffn=512, heads=2, kv_heads=1, head_dim=128, global_head_dim=256, window=64,
                    vocab=1024, layers=(True, False))
-    paths = {"f16": d / "f16.gguf", "q8_0": d / "q8_0.gguf", "q4_K": d / "q4_K.gguf"}
+    paths = {t: d / f"{t}.gguf" for t in ("f16", "q8_0", "q4_K", "q4_K_M")}
     ds.write_f16_target(paths["f16"], dims, seed=5)
-    for t in ("q8_0", "q4_K"):
+    for t in ("q8_0", "q4_K", "q4_K_M"):
         ds.quantize(paths["f16"], paths[t], ds.FTYPES[t], 2)
     return paths
 
 
-@pytest.mark.parametrize("wtype", ["f16", "q8_0", "q4_K"])
+@pytest.mark.parametrize("wtype", ["f16", "q8_0", "q4_K", "q4_K_M"])
 def test_batched_decode_matches_single_steps(small_targets: dict[str, Path], wtype: str) -> None:
     res = subprocess.run([sys.executable, "-c", CHILD, str(small_targets[wtype])], capture_output=True,
                          text=True, timeout=300, cwd=REPO / "tests")
