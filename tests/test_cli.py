@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -13,11 +14,12 @@ import pytest
 from fixture_paths import fixture_path
 
 
-def run(*args: str, stdin: str | None = None, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def run(*args: str, stdin: str | None = None, cwd: Path | None = None, timeout: float = 300,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     exe = shutil.which("mtp-bindings")
     cmd = [exe] if exe else [sys.executable, "-m", "mtp_bindings.cli"]
     return subprocess.run(cmd + list(args), input=stdin, capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd or Path("/"))
+                          cwd=cwd or Path("/"), env={**os.environ, **env} if env else None)
 
 
 def test_help_lists_every_command():
@@ -31,6 +33,23 @@ def test_help_lists_every_command():
 def test_every_command_has_help(cmd):
     out = run(cmd, "--help")
     assert out.returncode == 0 and "usage:" in out.stdout
+
+
+def test_info_help_imports_no_benchmark_module():
+    """The benchmark is heavy: only ``bench`` may import it (PYTHONPROFILEIMPORTTIME lists every
+    module the command imports on stderr)."""
+    out = run("info", "--help", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    assert out.returncode == 0 and "usage:" in out.stdout
+    imported = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")]
+    assert "mtp_bindings.cli" in imported, "the import log is empty: the test checks nothing"
+    assert not [m for m in imported if m.startswith("mtp_bindings.benchmark")]
+
+
+def test_bench_help_lists_the_benchmarks_flags():
+    out = run("bench", "--help")
+    assert out.returncode == 0
+    for flag in ("--quick", "--smoke", "--parts", "--report-only"):
+        assert flag in out.stdout
 
 
 def test_generate_json_prints_text_tokens_and_stats():

@@ -217,7 +217,7 @@ def test_chat_refuses_f_and_points_to_stdin():
 
 def test_every_unsupported_flag_is_refused_by_every_command_that_lacks_it():
     from mtp_bindings.cli import build_parser
-    from mtp_bindings.cli_flags import UNSUPPORTED
+    from mtp_bindings.cli.flags import UNSUPPORTED
 
     parser = build_parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

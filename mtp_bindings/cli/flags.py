@@ -8,6 +8,8 @@
   status 2; an unknown flag after a subcommand is refused with that subcommand's usage.
 * Errors raised by the library name its Python parameter (``n_ctx``); :func:`name_flags` rewrites
   them with the flag the user typed (``-c``).
+* A subcommand may add its arguments only when it is used (:class:`SubcommandParser`'s
+  ``arguments``), so that ``mtp-bindings info --help`` imports nothing of ``bench``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
 PROG = "mtp-bindings"
@@ -25,6 +27,10 @@ USAGE_ERROR = 2  # exit status of every error, as argparse's
 def error_line(message: str) -> str:
     """The one line every error is printed as."""
     return f"{PROG}: error: {message}"
+
+
+class CLIError(Exception):
+    """A user error: printed as one line, exit status 2."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -46,10 +52,33 @@ class Parser(argparse.ArgumentParser):
 
 class SubcommandParser(Parser):
     """A subcommand's parser: arguments it does not know are its own error (with its usage),
-    not left for the top-level parser to report with the top-level usage."""
+    not left for the top-level parser to report with the top-level usage.
+
+    ``arguments``, if given, adds the subcommand's arguments when the subcommand is first used
+    (parsed, or its help or usage shown) rather than when the command line is built: a command
+    whose arguments live in a heavy module (the benchmark's) costs nothing to the others."""
+
+    def __init__(self, *args: Any, arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._arguments = arguments
+
+    def _add_lazy_arguments(self) -> None:
+        if self._arguments is not None:
+            add, self._arguments = self._arguments, None
+            add(self)
+
+    def format_usage(self) -> str:
+        self._add_lazy_arguments()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self._add_lazy_arguments()
+        return super().format_help()
 
     def parse_known_args(self, args: Sequence[str] | None = None,
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        self._add_lazy_arguments()
         ns, extras = super().parse_known_args(args, namespace)
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
@@ -157,6 +186,12 @@ def typed_flag(parser: argparse.ArgumentParser, dest: str, argv: Sequence[str]) 
             typed = {a.split("=", 1)[0] for a in argv}
             return next((o for o in action.option_strings if o in typed), action.option_strings[0])
     return None
+
+
+def flag(args: argparse.Namespace, dest: str) -> str:
+    """The spelling of ``dest``'s flag the user typed (``args`` as :func:`mtp_bindings.cli.main`
+    leaves it: with the subcommand's ``parser`` and the ``argv``)."""
+    return typed_flag(args.parser, dest, args.argv) or dest
 
 
 def name_flags(message: str, parser: argparse.ArgumentParser, argv: Sequence[str]) -> str:

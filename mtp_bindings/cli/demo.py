@@ -1,0 +1,87 @@
+"""``mtp-bindings demo``: a target and its assistant generating with and without MTP, side by
+side (tokens/s, acceptance, whether the outputs are identical).
+
+One job: the README's main job. By default the pair is the bundled tiny pair scaled to Gemma 4
+E2B's shapes (built on first use by :mod:`mtp_bindings.scale_pair`, then cached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from .flags import PROG, CLIError, flag
+from .generate import stats_line
+from .interrupt import Interrupt
+from .session import load, n_ctx
+
+DEMO_PROMPT = "def parse_args(argv):\n"
+DEMO_N_PREDICT = 256
+DEMO_DRAFT_N_MAX = 2
+# the demo's default pair: the bundled pair scaled to Gemma 4 E2B's shapes (scale_pair), this weight type
+DEMO_PAIRS = ("e2b", "tiny")
+DEMO_WTYPE = "q4_K"
+# Greedy MTP equals plain greedy up to near-ties: ggml's CPU kernels round a batched verify decode and a
+# one-token decode differently (measured up to 3.7e-3 on f16 weights; on the q4_K E2B pair a parting at
+# a gap of 1.7e-2, where a real error moves logits by 0.1-10). A parting where plain's token leads MTP's
+# by less than this is reported as a near-tie, not as a failure.
+DEMO_NEAR_TIE = 5e-2
+
+
+def cmd_demo(args: argparse.Namespace, interrupt: Interrupt) -> int:
+    """The README's main job: a pair (by default the E2B-sized scale-up of the bundled one)
+    generating with and without MTP, side by side."""
+    if args.n_predict < 1:
+        raise CLIError(f"{flag(args, 'n_predict')} must be at least 1, got {args.n_predict}")
+    if args.model is None and args.pair == "e2b":
+        args.model, args.mtp_head = _e2b_pair()
+    results = {}
+    with load(args, interrupt) as model:
+        if not model.has_assistant:
+            raise CLIError("demo compares MTP with plain decoding and needs an assistant: pass --mtp-head FILE")
+        print(f"target    {model.path}\nassistant {model.assistant_path}\nprompt    {args.prompt!r}\n")
+        with model.create_context(n_ctx=n_ctx(model, args), n_threads=args.threads, embeddings=True) as ctx:
+            model.generate(args.prompt, context=ctx, max_tokens=16, draft_n_max=0)  # warm-up
+            for label, n in (("plain", 0), ("mtp", args.draft_n_max)):
+                results[label] = model.generate(args.prompt, context=ctx, max_tokens=args.n_predict,
+                                                draft_n_max=n)
+            plain, mtp = results["plain"], results["mtp"]
+            parting = next((i for i, (a, b) in enumerate(zip(plain.tokens, mtp.tokens)) if a != b), None)
+            gap = None if parting is None else _plain_gap(model, ctx, args.prompt, plain.tokens, mtp.tokens, parting)
+    print(mtp.text)
+    print()
+    for label, r in results.items():
+        print(stats_line(label, r.stats))
+    speed = mtp.stats.tokens_per_second / plain.stats.tokens_per_second if plain.stats.tokens_per_second else 0.0
+    if parting is None and len(plain.tokens) == len(mtp.tokens):
+        print(f"\nidentical output: yes   MTP speed vs plain: {speed:.2f}x")
+        return 0
+    near_tie = gap is not None and gap < DEMO_NEAR_TIE
+    why = (f"they part at token {parting} on a near-tie: plain's token's logit is {gap:.4f} above MTP's; "
+           "batched and one-token decodes round differently") if near_tie else f"they part at token {parting}"
+    print(f"\nidentical output: {'up to a near-tie' if near_tie else 'NO'} ({why})\nMTP speed vs plain: {speed:.2f}x")
+    return 0 if near_tie else 1
+
+
+def _plain_gap(model: Any, ctx: Any, prompt: str, plain: list[int], mtp: list[int], at: int) -> float | None:
+    """How far plain's token's logit is above MTP's at their first parting ``at`` (None when MTP
+    stopped first): plain decoding is replayed up to it, and its last decode's row is the one plain
+    chose from."""
+    if at >= len(mtp):
+        return None
+    model.generate(prompt, context=ctx, max_tokens=at + 1, draft_n_max=0)
+    row = ctx.logits_view(-1)
+    return float(row[plain[at]] - row[mtp[at]])
+
+
+def _e2b_pair() -> tuple[Path, Path]:
+    """The demo's default pair: target and centroid-head assistant with Gemma 4 E2B's shapes and the
+    bundled pair's behaviour, built on first use (a few minutes) and cached (see :mod:`.scale_pair`)."""
+    from ..scale_pair import ScaleConfig, scale_pair
+
+    print(f"{PROG}: the E2B-sized pair (Gemma 4 E2B's shapes, the bundled pair's behaviour; "
+          "built on first use, then cached; --pair tiny for the bundled pair)", file=sys.stderr)
+    pair = scale_pair(ScaleConfig(), types=(DEMO_WTYPE,), progress=True)
+    return pair.target[DEMO_WTYPE], pair.centroid[DEMO_WTYPE]

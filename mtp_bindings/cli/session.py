@@ -1,0 +1,124 @@
+"""Loading for the commands: which files, the model with its assistant, a context on it.
+
+One job: turn the model flags into a loaded :class:`~mtp_bindings.Model` (and a context),
+saying once what was chosen (an assistant found beside the model, or none), with Ctrl-C
+stopping a load cleanly (see :mod:`.interrupt`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .. import models
+from ..exceptions import AssistantLoadError, ModelLoadError
+from ..limits import default_n_ctx
+from .flags import PROG
+from .interrupt import Interrupt
+
+
+def model_files(args: argparse.Namespace) -> tuple[Path, Path | None, bool, str | None]:
+    """The target, the assistant to attach (None: plain decoding), whether the user named that
+    assistant, and a note to say once (None: nothing worth saying)."""
+    target = args.model or models.TARGET
+    if getattr(args, "no_mtp", False):
+        return target, None, False, None
+    if args.mtp_head is not None:
+        return target, args.mtp_head, True, None
+    found = models.find_assistant(target)
+    if found is None:
+        looked = ", ".join(c.name for c in models.assistant_candidates(target)[:2])
+        return target, None, False, (f"no MTP assistant given (--mtp-head) or found beside {target.name} "
+                                     f"(looked for {looked}, ...): plain decoding")
+    if args.model is None:
+        return target, found, False, None  # the bundled pair
+    return target, found, False, (f"attaching the MTP assistant found beside the model: {found} "
+                                  "(--no-mtp for plain decoding)")
+
+
+def _load_progress(target: Path, interrupt: Interrupt) -> Any:
+    """The load's progress callback: a bar on a terminal, and either way stop on Ctrl-C."""
+    if not sys.stderr.isatty():
+        return interrupt.keep_loading
+    from ..model import _tqdm_progress
+
+    bar = _tqdm_progress(f"loading {target.name}")
+
+    def update(progress: float) -> bool:
+        bar(progress)
+        return interrupt.keep_loading(progress)
+
+    return update
+
+
+def load(args: argparse.Namespace, interrupt: Interrupt) -> Any:
+    """Load the target and attach its assistant (see :func:`model_files`); Ctrl-C stops the
+    load and raises ``KeyboardInterrupt`` once it is safe to."""
+    from .. import Model
+
+    target, assistant, named, note = model_files(args)
+    with interrupt.deferred(second_raises=False):
+        try:
+            model = Model(target, n_gpu_layers=args.n_gpu_layers, use_mmap=not args.no_mmap, verbose=args.verbose,
+                          progress=_load_progress(target, interrupt))
+        except ModelLoadError:
+            if interrupt.requested:
+                raise KeyboardInterrupt from None
+            raise
+        try:
+            if assistant is not None and not interrupt.requested:
+                model.attach_assistant(assistant)
+        except AssistantLoadError as e:
+            if named:
+                model.close()
+                raise
+            note = f"the MTP assistant found beside the model does not fit it ({e}): plain decoding"
+        except BaseException:
+            model.close()
+            raise
+    if interrupt.requested:
+        model.close()
+        raise KeyboardInterrupt
+    if note:
+        print(f"{PROG}: note: {note}", file=sys.stderr)
+    if args.verbose:
+        _print_load_info(model)
+    return model
+
+
+def _print_load_info(model: Any) -> None:
+    """``-v``: what was loaded, in a few lines on stderr."""
+    print(f"model      {model.path}: {model.summary()}", file=sys.stderr)
+    if model.assistant_path is None:
+        print("assistant  none: plain decoding", file=sys.stderr)
+        return
+    from ..gguf_tools import describe_assistant_head
+
+    print(f"assistant  {model.assistant_path}: {describe_assistant_head(model.assistant_path)}", file=sys.stderr)
+
+
+def n_ctx(model: Any, args: argparse.Namespace) -> int:
+    if args.ctx_size is None:
+        return default_n_ctx(model.n_ctx_train)
+    if args.ctx_size == 0 and model.n_ctx_train > 0:
+        return model.n_ctx_train
+    return args.ctx_size
+
+
+@contextlib.contextmanager
+def session(args: argparse.Namespace, interrupt: Interrupt) -> Iterator[tuple[Any, Any]]:
+    """The loaded model and a context on it, closed on exit. Ctrl-C while they are set up (llama.cpp
+    logs through a Python callback all along) stops there with ``KeyboardInterrupt``."""
+    with load(args, interrupt) as model:
+        with interrupt.deferred(second_raises=False):
+            ctx = model.create_context(n_ctx=n_ctx(model, args), n_threads=args.threads, type_k=args.cache_type_k,
+                                       type_v=args.cache_type_v, flash_attn=args.flash_attn,
+                                       embeddings=model.has_assistant)
+        with ctx:
+            if interrupt.requested:
+                raise KeyboardInterrupt
+            yield model, ctx
