@@ -1,10 +1,12 @@
 """mtp-bindings: Gemma 4 MTP (multi-token prediction) speculative decoding for Python, on a
 patched llama.cpp.
 
-The layers, from safe to expert: :class:`Model` / :class:`Context` (this package),
-:mod:`mtp_bindings.speculative` (the generation driver), :mod:`mtp_bindings.mtp` (the async MTP
-draft API), :mod:`mtp_bindings.low_level` (raw cffi ``ffi``/``lib``). The bundled tiny models are
-:data:`mtp_bindings.models.TARGET` and :data:`mtp_bindings.models.ASSISTANT`.
+The layers, from safe to expert (ARCHITECTURE.md draws them): :class:`Model` (:mod:`.api`:
+``generate`` / ``chat``), :mod:`mtp_bindings.generation` (the speculative loop, one module per
+job), :class:`Context` / :mod:`mtp_bindings.mtp` (decoding, KV edits and the async MTP draft API),
+:mod:`mtp_bindings.low_level` (raw cffi ``ffi``/``lib``); every parameter's default and bounds are
+in :mod:`mtp_bindings.params`. The bundled tiny models are :data:`mtp_bindings.models.TARGET` and
+:data:`mtp_bindings.models.ASSISTANT`.
 
 Importing the package loads no native code: ``Model``, ``Context``, ``ContextParams`` and
 ``set_verbose`` load libllama on first use, so that ``mtp-bindings --version`` / ``--help`` are
@@ -35,20 +37,23 @@ from .exceptions import (
 
 if TYPE_CHECKING:
     from ._native import set_verbose
-    from .context import Context, ContextParams
-    from .model import Model
+    from .api import Model
+    from .mtp import MTPContext as Context
+    from .params import ContextParams
 
+# The package's version, read by the build too (pyproject.toml's regex metadata provider).
 __version__ = "0.1.0"
 
-# name -> the module that defines it, imported on first access (PEP 562)
-_LAZY = {"Model": ".model", "Context": ".context", "ContextParams": ".context", "set_verbose": "._native"}
+# name -> (the module that defines it, its name there), imported on first access (PEP 562)
+_LAZY = {"Model": (".api", "Model"), "Context": (".mtp", "MTPContext"), "ContextParams": (".params", "ContextParams"),
+         "set_verbose": ("._native", "set_verbose")}
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    where = _LAZY.get(name)
+    if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
+    value = getattr(importlib.import_module(where[0], __name__), where[1])
     globals()[name] = value
     return value
 

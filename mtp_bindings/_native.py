@@ -3,8 +3,10 @@
 llama.cpp has one process-wide log callback. It is pointed here at a Python function that
 forwards lines to the ``mtp_bindings.native`` logger when native logging is enabled, and otherwise
 only remembers the last error lines (so exceptions can say *why* a load failed) without printing
-anything. :func:`set_verbose` switches between the two; :class:`~mtp_bindings.Model` calls it with
-its ``verbose`` argument. Loading applies the package's OpenMP default first (see :mod:`.threads`).
+anything. :func:`set_verbose` switches between the two; a model calls it with its ``verbose``
+argument. :func:`raise_native` is the one way a failed native call becomes an exception carrying
+the calling thread's native error lines. Loading applies the package's OpenMP default first (see
+:mod:`.threads`) and checks, once, that the compiled library has the MTP API this package drives.
 """
 
 from __future__ import annotations
@@ -13,14 +15,37 @@ import atexit
 import logging
 import threading
 from collections import deque
+from typing import Any, Callable, NoReturn
 
 from . import threads
+from .mtp_status import MTP_STATUS
 
 # Loading the module loads libllama, ggml and libgomp: libgomp reads its waiting policy now or never.
 with threads.openmp_defaults():
     from ._ffi import ffi, lib
 
 logger = logging.getLogger("mtp_bindings.native")
+
+# The MTP C API this package drives: checked once here, so no caller needs a fallback.
+MTP_SYMBOLS = ("llama_model_load_mtp_from_file", "llama_model_has_mtp_assistant", "llama_model_mtp_n_embd_backbone",
+               "llama_decode_mtp_async", "llama_decode_mtp_wait", "llama_decode_mtp", "llama_mtp_get_stats",
+               "llama_mtp_set_n_threads")
+
+
+def _check_library() -> str:
+    """The native llama.cpp version; ImportError when the MTP patches are missing, and an error
+    when :data:`~mtp_bindings.mtp_status.MTP_STATUS` and the header's status codes disagree."""
+    missing = [name for name in MTP_SYMBOLS if not hasattr(lib, name)]
+    if missing:
+        raise ImportError(f"this build of libllama lacks {', '.join(missing)} (the MTP patches are missing)")
+    codes = {getattr(lib, name) for name in dir(lib) if name.startswith("LLAMA_MTP_ERR_")}
+    if codes != set(MTP_STATUS):
+        raise ImportError(f"mtp_status.MTP_STATUS ({sorted(MTP_STATUS)}) does not match llama.h's "
+                          f"enum llama_mtp_status ({sorted(codes)})")
+    return ffi.string(lib.llama_version()).decode("utf-8", errors="replace")
+
+
+NATIVE_VERSION = _check_library()
 
 _LEVELS = {
     lib.GGML_LOG_LEVEL_DEBUG: logging.DEBUG,
@@ -30,6 +55,7 @@ _LEVELS = {
 }
 
 _state_lock = threading.Lock()
+# read by the log callback without the lock: one bool, replaced whole, so a reader sees old or new
 _verbose = False
 _initialised = False
 
@@ -84,6 +110,20 @@ def pop_recent_errors() -> str:
     return "; ".join(line.strip() for line in lines if line.strip())
 
 
+def clear_errors() -> None:
+    """Forget the calling thread's remembered native errors (before a call whose failure is
+    reported with :func:`raise_native`, so that the message holds only that call's lines)."""
+    pop_recent_errors()
+
+
+def raise_native(exc: Callable[..., Exception], message: str, *args: Any, fallback: str = "") -> NoReturn:
+    """Raise ``exc(message + ": " + why, *args)``, ``why`` being the native error lines the calling
+    thread logged since :func:`clear_errors` (``fallback`` when there are none; nothing appended
+    when that is empty too). The one form of "a native call failed" in the package."""
+    why = pop_recent_errors() or fallback
+    raise exc(f"{message}: {why}" if why else message, *args)
+
+
 def ensure_initialised() -> None:
     """Install the log callback and initialise the llama backend (once per process)."""
     global _initialised
@@ -102,4 +142,5 @@ def _shutdown() -> None:
     lib.llama_log_set(ffi.addressof(lib, "mtp_log_silent"), ffi.NULL)
 
 
-__all__ = ["ffi", "lib", "ensure_initialised", "set_verbose", "pop_recent_errors", "logger"]
+__all__ = ["ffi", "lib", "ensure_initialised", "set_verbose", "pop_recent_errors", "clear_errors", "raise_native",
+           "logger", "NATIVE_VERSION"]

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from . import _scale_tensors as st
-from .model import Model
-from .scale_pair import BUNDLED, ScaleConfig, ScaledPair
+from .api import Model
+from .models import ASSISTANT, TARGET
 
 PROMPTS = (
     "def main(argv):\n",
@@ -80,12 +80,14 @@ def pad_probability(logits: np.ndarray, n_real: int) -> float:
     return float(p[:, n_real:].max()) if logits.shape[1] > n_real else 0.0
 
 
-def check(pair: ScaledPair, config: ScaleConfig, wtype: str = "f16", *, target: Path | None = None,
+def check(pair: Any, config: Any, wtype: str = "f16", *, target: Path | None = None,
           assistant: Path | None = None, n_threads: int | None = None) -> dict[str, Any]:
-    """Compare the trained pair with ``pair``'s ``wtype`` files; returns the figures and ``ok``."""
+    """Compare the trained pair with ``pair``'s ``wtype`` files; returns the figures and ``ok``.
+    ``pair`` is a :class:`~mtp_bindings.scale_pair.ScaledPair` and ``config`` its ``ScaleConfig``
+    (typed loosely: scale_pair imports this module, so importing it back would be a cycle)."""
     start = time.perf_counter()
-    src_t = target or BUNDLED / "trained-target.gguf"
-    src_a = assistant or BUNDLED / "trained-assistant.gguf"
+    src_t = target or TARGET
+    src_a = assistant or ASSISTANT
     runs: dict[str, list[Run]] = {}
     small_vocab = 0
     p = 0

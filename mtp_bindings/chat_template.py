@@ -1,13 +1,17 @@
-"""Chat prompts: render a list of messages with the GGUF's own jinja2 chat template."""
+"""Chat prompts: render a list of messages with the GGUF's own jinja2 chat template, and the
+one rule for tokenizing the result (:data:`CHAT_TOKENIZE`, :func:`chat_tokens`) that ``chat`` and
+the server's chat endpoint share."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from .exceptions import InvalidParameterError
+from .model import LlamaModel
 
-if TYPE_CHECKING:
-    from .model import Model
+# A rendered chat prompt already holds its BOS and turn markers as text: add nothing, and parse the
+# control-token text into control tokens.
+CHAT_TOKENIZE = {"add_special": False, "parse_special": True}
 
 # Gemma's turn format, for models whose GGUF carries no template.
 GEMMA_TEMPLATE = (
@@ -25,7 +29,7 @@ def validate_messages(messages: Sequence[dict[str, str]]) -> None:
             raise InvalidParameterError(f"each message needs string 'role' and 'content', got {m!r}")
 
 
-def render_chat(model: Model, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
+def render_chat(model: LlamaModel, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
     """The prompt text for ``messages`` (control tokens as text: tokenize with parse_special)."""
     import jinja2
     import jinja2.sandbox
@@ -46,3 +50,15 @@ def render_chat(model: Model, messages: Sequence[dict[str, str]], add_generation
         raise InvalidParameterError(f"the model's chat template does not parse: {e}") from e
     return tmpl.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
                        bos_token=bos, eos_token=eos)
+
+
+def chat_tokens(model: LlamaModel, messages: Sequence[dict[str, str]]) -> list[int]:
+    """The prompt tokens of ``messages``: rendered with the model's template, tokenized with
+    :data:`CHAT_TOKENIZE`. A template that fails on these messages is an :class:`InvalidParameterError`."""
+    import jinja2
+
+    try:
+        text = render_chat(model, messages)
+    except jinja2.TemplateError as e:
+        raise InvalidParameterError(f"the chat template failed on these messages: {e}") from e
+    return model.tokenize(text, **CHAT_TOKENIZE)

@@ -1,9 +1,14 @@
-"""``Context``: one llama.cpp inference context on a :class:`~mtp_bindings.model.Model` — decode
+"""``Context``: one llama.cpp inference context on a model (:class:`~mtp_bindings.model.LlamaModel`) — decode
 batches, read logits and embeddings as numpy arrays, and edit the KV memory.
 
 A context serializes its own use: calls from several threads take turns (each public method holds
 the context's lock), so two threads sharing one context get consistent, if interleaved, results.
 Give each thread its own context for parallel work.
+
+A context knows nothing of drafting. Layers above it subscribe to its events instead:
+:meth:`Context.on_kv_edit` callbacks run before a destructive KV edit and :meth:`Context.on_close`
+callbacks before the native context is freed (the MTP layer drains its request in flight there).
+:attr:`Context.observer`, None by default, is told how long each native decode took (benchmarks).
 """
 
 from __future__ import annotations
@@ -12,8 +17,8 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from dataclasses import fields
+from typing import Any, Callable, Literal, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -21,111 +26,60 @@ from . import _native
 from ._handle import NativeHandle
 from ._native import ffi, lib
 from .exceptions import ContextError, ContextOverflowError, DecodeError, InvalidParameterError
+from .params import FLASH_ATTN, KV_TYPES, THREADS_MAX, ContextParams, valid_thread_count
 from .threads import (ADAPT_INTERVAL_S, ADAPT_SAMPLES, check_threads, default_threads, runnable_threads,
                       threads_for_load, usable_cpus)
 
-if TYPE_CHECKING:
-    from .model import Model
-
-KV_TYPES = {
-    "f32": "GGML_TYPE_F32", "f16": "GGML_TYPE_F16", "bf16": "GGML_TYPE_BF16",
-    "q8_0": "GGML_TYPE_Q8_0", "q4_0": "GGML_TYPE_Q4_0", "q4_1": "GGML_TYPE_Q4_1",
-    "q5_0": "GGML_TYPE_Q5_0", "q5_1": "GGML_TYPE_Q5_1", "iq4_nl": "GGML_TYPE_IQ4_NL",
-}
-FLASH_ATTN = {"auto": "LLAMA_FLASH_ATTN_TYPE_AUTO", "on": "LLAMA_FLASH_ATTN_TYPE_ENABLED",
-              "off": "LLAMA_FLASH_ATTN_TYPE_DISABLED"}
-
 LogitsSelect = Literal["last", "all", "none"] | Sequence[bool]
+T = TypeVar("T")
+# observer(native function name, seconds): told of each decode / MTP call a context makes
+NativeObserver = Callable[[str, float], None]
 
 
-@dataclass
-class ContextParams:
-    """Parameters of a :class:`Context` (llama.cpp's names; validated on creation)."""
+class ModelLike(Protocol):
+    """What a context needs of its model (:class:`~mtp_bindings.model.LlamaModel` is one)."""
 
-    n_ctx: int = 4096
-    n_batch: int = 512
-    n_ubatch: int = 512
-    n_seq_max: int = 1
-    n_threads: int | None = None
-    n_threads_batch: int | None = None
-    embeddings: bool = False
-    type_k: str = "f16"
-    type_v: str = "f16"
-    flash_attn: str = "auto"
-    offload_kqv: bool = True
-    # compute with the part of the thread budget other work leaves free (see Context.adapt_threads);
-    # None: adapt exactly when n_threads is not given
-    adapt_threads: bool | None = None
+    ptr: Any
+    n_vocab: int
+    n_embd: int
 
-    @property
-    def adapts_threads(self) -> bool:
-        return (self.n_threads is None and self.n_threads_batch is None) if self.adapt_threads is None \
-            else bool(self.adapt_threads)
+    def check_tokens(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray: ...
+    def is_eog(self, token: int) -> bool: ...
 
-    def validate(self) -> None:
-        for name in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise InvalidParameterError(f"{name} must be a positive int, got {v!r}")
-        if self.n_ctx > 1 << 24:
-            raise InvalidParameterError(f"n_ctx {self.n_ctx} is unreasonably large")
-        if self.n_seq_max > 256:
-            raise InvalidParameterError(f"n_seq_max must be <= 256, got {self.n_seq_max}")
-        if self.n_ubatch > self.n_batch:
-            raise InvalidParameterError(f"n_ubatch ({self.n_ubatch}) must be <= n_batch ({self.n_batch})")
-        for name in ("n_threads", "n_threads_batch"):
-            v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 512):
-                raise InvalidParameterError(f"{name} must be an int in 1..512 or None, got {v!r}")
-        if self.adapt_threads is not None and not isinstance(self.adapt_threads, bool):
-            raise InvalidParameterError(f"adapt_threads must be a bool or None, got {self.adapt_threads!r}")
-        for name in ("type_k", "type_v"):
-            v = getattr(self, name)
-            if v not in KV_TYPES:
-                raise InvalidParameterError(f"{name} must be one of {sorted(KV_TYPES)}, got {v!r}")
-        if self.flash_attn not in FLASH_ATTN:
-            raise InvalidParameterError(f"flash_attn must be one of {sorted(FLASH_ATTN)}, got {self.flash_attn!r}")
-        if self.type_v not in ("f32", "f16", "bf16") and self.flash_attn == "off":
-            raise InvalidParameterError("a quantized V cache needs flash_attn 'on' or 'auto'")
 
-    @property
-    def resolved_flash_attn(self) -> str:
-        """``auto`` means off unless the V cache is quantized (which needs flash attention).
-
-        Why off: speculative verification decodes k+1 tokens at once and must give the logits a
-        one-token decode gives. Without flash attention llama.cpp's CPU path agrees to ~1e-6
-        between the two; its CPU flash attention does not (2.7e-3 measured on the keqv fixture),
-        which flips greedy near-ties and breaks "MTP output == plain output"."""
-        if self.flash_attn != "auto":
-            return self.flash_attn
-        return "on" if self.type_v not in ("f32", "f16", "bf16") else "off"
-
-    def to_native(self) -> Any:
-        p = lib.llama_context_default_params()
-        p.n_ctx = self.n_ctx
-        p.n_batch = self.n_batch
-        p.n_ubatch = self.n_ubatch
-        p.n_seq_max = self.n_seq_max
-        p.n_threads = self.n_threads or default_threads()
-        p.n_threads_batch = self.n_threads_batch or p.n_threads
-        check_threads(max(p.n_threads, p.n_threads_batch))
-        p.embeddings = self.embeddings
-        p.type_k = getattr(lib, KV_TYPES[self.type_k])
-        p.type_v = getattr(lib, KV_TYPES[self.type_v])
-        p.flash_attn_type = getattr(lib, FLASH_ATTN[self.resolved_flash_attn])
-        p.offload_kqv = self.offload_kqv
-        p.no_perf = False
-        return p
+def native_context_params(params: ContextParams) -> Any:
+    """``params`` as llama.cpp's ``llama_context_params`` (thread counts resolved)."""
+    p = lib.llama_context_default_params()
+    p.n_ctx = params.n_ctx
+    p.n_batch = params.n_batch
+    p.n_ubatch = params.n_ubatch
+    p.n_seq_max = params.n_seq_max
+    p.n_threads = params.n_threads or default_threads()
+    p.n_threads_batch = params.n_threads_batch or p.n_threads
+    check_threads(max(p.n_threads, p.n_threads_batch))
+    p.embeddings = params.embeddings
+    p.type_k = getattr(lib, KV_TYPES[params.type_k])
+    p.type_v = getattr(lib, KV_TYPES[params.type_v])
+    p.flash_attn_type = getattr(lib, FLASH_ATTN[params.resolved_flash_attn])
+    p.offload_kqv = params.offload_kqv
+    p.no_perf = False
+    return p
 
 
 class Context(NativeHandle):
     """An inference context. Create it with :meth:`Model.create_context`; close it (or use
-    ``with``) to free its native memory."""
+    ``with``) to free its native memory.
+
+    ``observer``: None, or a callable ``observer(name, seconds)`` called after every native decode
+    (``llama_decode``) and every MTP call made for this context (``llama_decode_mtp_async`` /
+    ``_wait`` / ``llama_decode_mtp``), with the seconds the call took."""
 
     closed_error = ContextError
     kind = "context"
 
-    def __init__(self, model: Model, params: ContextParams | None = None, **kwargs: Any) -> None:
+    observer: NativeObserver | None = None
+
+    def __init__(self, model: ModelLike, params: ContextParams | None = None, **kwargs: Any) -> None:
         self._ptr = ffi.NULL
         known = {f.name for f in fields(ContextParams)}
         unknown = set(kwargs) - known
@@ -137,11 +91,14 @@ class Context(NativeHandle):
         self.params.validate()
         self.model = model
         self._lock = threading.RLock()
-        _native.pop_recent_errors()
-        ptr = lib.llama_init_from_model(model.ptr, self.params.to_native())
+        self._before_kv_edit: list[Callable[[], None]] = []
+        self._before_close: list[Callable[[], None]] = []
+        self._extensions: dict[str, Any] = {}
+        _native.clear_errors()
+        ptr = lib.llama_init_from_model(model.ptr, native_context_params(self.params))
         if ptr == ffi.NULL:
-            why = _native.pop_recent_errors() or "llama.cpp could not create it"
-            raise ContextError(f"failed to create a context (n_ctx={self.params.n_ctx}): {why}")
+            _native.raise_native(ContextError, f"failed to create a context (n_ctx={self.params.n_ctx})",
+                                 fallback="llama.cpp could not create it")
         self._ptr = ptr
         self._mem = lib.llama_get_memory(ptr)
         self.n_ctx = int(lib.llama_n_ctx(ptr))
@@ -169,14 +126,48 @@ class Context(NativeHandle):
         self._others_seen: deque[int] = deque(maxlen=ADAPT_SAMPLES)
         self._cpus = (usable_cpus(), os.cpu_count() or 1)  # (usable by this process, the machine's)
         self.n_outputs = 0
-        self._mtp_state: Any = None  # set by mtp.py when an MTP request is in flight
 
-    # --- lifetime -------------------------------------------------------------------------------
+    # --- lifetime and events --------------------------------------------------------------------
+
+    def on_kv_edit(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` before each destructive KV edit (:meth:`seq_rm`, :meth:`clear`),
+        under the context's lock: work that may be reading those cells must finish first."""
+        with self._lock:
+            self._before_kv_edit.append(callback)
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once, before the native context is freed."""
+        with self._lock:
+            self._before_close.append(callback)
+
+    def extension(self, key: str, factory: Callable[[Context], T] | None = None) -> T | None:
+        """Per-context state a layer above keeps here under ``key`` (the MTP layer's session):
+        created by ``factory(self)`` on first use when a factory is given, else None while absent.
+        Under the context's lock, so two threads never create two."""
+        with self._lock:
+            ext = self._extensions.get(key)
+            if ext is None and factory is not None:
+                ext = self._extensions[key] = factory(self)
+            return ext
+
+    def _kv_edit(self) -> None:
+        for callback in self._before_kv_edit:
+            callback()
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The context's (re-entrant) lock: hold it to make a sequence of calls one turn."""
+        return self._lock  # type: ignore[return-value]
+
+    def observe(self, name: str, seconds: float) -> None:
+        """Tell the :attr:`observer`, if any, that native call ``name`` took ``seconds``."""
+        if self.observer is not None:
+            self.observer(name, seconds)
 
     def _free(self) -> None:
-        """Drain any MTP request in flight, then free the batch and the context."""
-        if self._mtp_state is not None:
-            self._mtp_state.discard()
+        """Run the close callbacks, then free the batch and the context."""
+        for callback in self._before_close:
+            callback()
         lib.llama_batch_free(self._batch)
         lib.llama_free(self._ptr)
 
@@ -191,8 +182,8 @@ class Context(NativeHandle):
 
     def set_threads(self, n_threads: int, n_threads_batch: int | None = None) -> None:
         for v in (n_threads, n_threads_batch):
-            if v is not None and (not isinstance(v, int) or not 1 <= v <= 512):
-                raise InvalidParameterError(f"thread counts must be ints in 1..512, got {v!r}")
+            if v is not None and not valid_thread_count(v):
+                raise InvalidParameterError(f"thread counts must be ints in 1..{THREADS_MAX}, got {v!r}")
         check_threads(max(n_threads, n_threads_batch or 0))
         with self._lock:
             lib.llama_set_n_threads(self.ptr, n_threads, n_threads_batch or n_threads)
@@ -279,12 +270,16 @@ class Context(NativeHandle):
             self._b_seq[i][0] = seq_id
         self._b_seq_rows = max(self._b_seq_rows, m)
         self._batch.n_tokens = m
-        rc = lib.llama_decode(self.ptr, self._batch)
+        if self.observer is None:
+            rc = lib.llama_decode(self.ptr, self._batch)
+        else:
+            t0 = time.perf_counter()
+            rc = lib.llama_decode(self.ptr, self._batch)
+            self.observer("llama_decode", time.perf_counter() - t0)
         if rc != 0:
-            why = _native.pop_recent_errors()
             if rc == 1:
-                raise ContextOverflowError(f"no KV cache slot for {m} tokens (context full){': ' + why if why else ''}", rc)
-            raise DecodeError(f"llama_decode failed with code {rc}{': ' + why if why else ''}", rc)
+                _native.raise_native(ContextOverflowError, f"no KV cache slot for {m} tokens (context full)", rc)
+            _native.raise_native(DecodeError, f"llama_decode failed with code {rc}", rc)
         self.n_outputs = int(out.sum())
         return self.n_outputs
 
@@ -340,62 +335,22 @@ class Context(NativeHandle):
         return int(lib.llama_memory_seq_pos_max(self._mem_ptr(), seq_id))
 
     def seq_rm(self, seq_id: int = 0, p0: int = 0, p1: int = -1) -> bool:
-        """Remove positions ``[p0, p1)`` (``p1 < 0``: to the end) of ``seq_id``. Any MTP request
-        in flight is drained first (it may be reading those cells)."""
+        """Remove positions ``[p0, p1)`` (``p1 < 0``: to the end) of ``seq_id``, after the
+        :meth:`on_kv_edit` callbacks (work in flight that may be reading those cells)."""
         with self._lock:
             self._check_seq(seq_id)
-            if self._mtp_state is not None:
-                self._mtp_state.discard()
+            self._kv_edit()
             return bool(lib.llama_memory_seq_rm(self._mem_ptr(), seq_id, p0, p1))
 
     def clear(self) -> None:
-        """Empty the KV memory (draining any MTP request in flight first)."""
+        """Empty the KV memory (after the :meth:`on_kv_edit` callbacks)."""
         with self._lock:
-            if self._mtp_state is not None:
-                self._mtp_state.discard()
+            self._kv_edit()
             lib.llama_memory_clear(self._mem_ptr(), True)
 
     def _mem_ptr(self) -> Any:
         self.ptr  # raises when closed
         return self._mem
-
-    # --- MTP drafting (the assistant attached to the model) -------------------------------------
-
-    def decode_mtp_async(self, *, seq_id: int = 0, attn_pos: int, last_token: int, h_prev: np.ndarray,
-                         n_steps: int) -> Any:
-        """Submit an MTP draft request; returns a handle whose ``wait()`` gives ``(drafts, h_last)``.
-
-        ``attn_pos`` is the last KV position the drafter may attend to (normally
-        ``seq_pos_max(seq_id)``), ``last_token`` the token after it (not yet in the KV),
-        ``h_prev`` the target's hidden state for the last accepted token. ``h_prev`` is copied:
-        reuse it freely. At most one request per context is in flight (:class:`MTPBusyError`).
-        """
-        from .mtp import state_of
-
-        with self._lock:
-            self._check_seq(seq_id)
-            return state_of(self).submit(seq_id, attn_pos, last_token, h_prev, n_steps)
-
-    def set_mtp_threads(self, n_threads: int | None) -> None:
-        """Threads of asynchronous MTP drafting (:meth:`decode_mtp_async`): a count, or None for
-        the automatic one (the CPUs this context's threads leave free, 1 where fewer than 2 are: the
-        target may decode meanwhile). :meth:`decode_mtp` always uses the context's threads."""
-        from .mtp import set_worker_threads
-
-        with self._lock:
-            set_worker_threads(self, n_threads)
-
-    def decode_mtp(self, *, seq_id: int = 0, attn_pos: int, last_token: int, h_prev: np.ndarray, n_steps: int,
-                   return_logits: bool = False) -> tuple[np.ndarray, ...]:
-        """Synchronous MTP drafting: ``(drafts, h_last)``, plus ``[n_steps, n_vocab]`` logits of
-        every draft step when ``return_logits`` (diagnostics, reference tests)."""
-        from .mtp import state_of
-
-        with self._lock:
-            self._check_seq(seq_id)
-            drafts, h_last, logits = state_of(self).run_sync(seq_id, attn_pos, last_token, h_prev, n_steps,
-                                                             return_logits)
-            return (drafts, h_last, logits) if return_logits else (drafts, h_last)
 
     # --- simple generation (no sampling, no drafting) --------------------------------------------
 

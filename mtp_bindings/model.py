@@ -1,5 +1,10 @@
-"""``Model``: a loaded GGUF (target, optionally with an MTP assistant attached), its vocabulary
-and metadata. It owns the native ``llama_model`` and frees it on :meth:`Model.close` / ``with``."""
+"""``LlamaModel``: a loaded GGUF, its vocabulary and metadata, and the contexts made on it.
+
+It owns the native ``llama_model`` and frees it (and its contexts) on :meth:`LlamaModel.close` /
+``with``. This is the model of the bindings' lower layer: it knows nothing of drafting or
+generation. The public :class:`mtp_bindings.Model` (:mod:`mtp_bindings.api`) extends it with the
+MTP assistant, MTP-capable contexts and ``generate`` / ``chat``.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +14,14 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from . import _native
 from ._handle import NativeHandle
 from ._native import ffi, lib
+from .context import Context
 from .exceptions import (
     AssistantFileNotFoundError,
     AssistantLoadError,
@@ -26,9 +32,7 @@ from .exceptions import (
     TokenizeError,
 )
 from .limits import default_n_ctx
-
-if TYPE_CHECKING:
-    from .context import Context, ContextParams
+from .params import ContextParams
 
 logger = logging.getLogger("mtp_bindings")
 
@@ -68,6 +72,31 @@ def check_gguf_file(path: str | os.PathLike[str], what: str = "model") -> Path:
     return p
 
 
+def read_grown(ctype: str, size: int, fill: Callable[[Any, int], int],
+               more: Callable[[int, int], int | None]) -> tuple[Any, int]:
+    """Call ``fill(buf, size)`` with a fresh ``ctype`` buffer of ``size`` until it fits: ``more(n,
+    size)`` says from fill's result ``n`` how large a retry must be (None: it fit). Returns the
+    buffer and ``n``. llama.cpp's getters say "too small" in two ways; see :func:`negative_needs`
+    and :func:`snprintf_needs`."""
+    while True:
+        buf = ffi.new(ctype, size)
+        n = fill(buf, size)
+        need = more(n, size)
+        if need is None:
+            return buf, n
+        size = need
+
+
+def negative_needs(n: int, size: int) -> int | None:
+    """llama.cpp's tokenizer convention: ``-needed`` when the buffer is too small."""
+    return -n if n < 0 else None
+
+
+def snprintf_needs(n: int, size: int) -> int | None:
+    """snprintf's convention: the full length (without the NUL), truncated when ``>= size``."""
+    return n + 1 if n >= size else None
+
+
 def _tqdm_progress(desc: str) -> ProgressCallback:
     from tqdm.auto import tqdm
 
@@ -83,15 +112,11 @@ def _tqdm_progress(desc: str) -> ProgressCallback:
     return update
 
 
-class Model(NativeHandle):
-    """A GGUF model loaded with llama.cpp.
-
-    >>> with Model("target.gguf", assistant="assistant.gguf") as model:
-    ...     print(model.generate("def main(", max_tokens=32).text)
+class LlamaModel(NativeHandle):
+    """A GGUF model loaded with llama.cpp (the lower layer; most code wants :class:`mtp_bindings.Model`).
 
     Args:
-        path: the target GGUF.
-        assistant: optional MTP assistant GGUF to attach (see :meth:`attach_assistant`).
+        path: the GGUF.
         n_gpu_layers: layers to offload to a GPU backend (-1 = all); CPU builds ignore it.
         use_mmap: map the file instead of reading it.
         vocab_only: load only the vocabulary (no weights; no contexts can be created).
@@ -102,12 +127,13 @@ class Model(NativeHandle):
 
     closed_error = ModelLoadError
     kind = "model"
+    # what create_context makes: a layer above may offer a richer context
+    context_type: type[Context] = Context
 
     def __init__(
         self,
         path: str | os.PathLike[str],
         *,
-        assistant: str | os.PathLike[str] | None = None,
         n_gpu_layers: int = 0,
         use_mmap: bool = True,
         vocab_only: bool = False,
@@ -132,11 +158,11 @@ class Model(NativeHandle):
             handle = ffi.new_handle(callback)
             params.progress_callback = lib._mtp_progress_callback
             params.progress_callback_user_data = handle
-        _native.pop_recent_errors()
+        _native.clear_errors()
         ptr = lib.llama_model_load_from_file(str(self.path).encode(), params)
         if ptr == ffi.NULL:
-            why = _native.pop_recent_errors() or "llama.cpp could not load it"
-            raise ModelLoadError(f"failed to load model {self.path}: {why}")
+            _native.raise_native(ModelLoadError, f"failed to load model {self.path}",
+                                 fallback="llama.cpp could not load it")
         self._ptr = ptr
         self._vocab = lib.llama_model_get_vocab(ptr)
         self.vocab_only = vocab_only
@@ -144,8 +170,6 @@ class Model(NativeHandle):
         self._piece_cache: dict[int, bytes] = {}
         if logger.isEnabledFor(logging.INFO):
             logger.info("loaded %s: %s", self.path, self.summary())
-        if assistant is not None:
-            self.attach_assistant(assistant)
 
     def summary(self) -> str:
         """One line about the loaded weights (for the verbose log)."""
@@ -171,7 +195,7 @@ class Model(NativeHandle):
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"{self.arch}, {self.n_layer} layers, n_embd {self.n_embd}"
-        return f"<Model {self.path.name}: {state}>"
+        return f"<{type(self).__name__} {self.path.name}: {state}>"
 
     # --- description ----------------------------------------------------------------------------
 
@@ -206,8 +230,8 @@ class Model(NativeHandle):
 
     @property
     def description(self) -> str:
-        buf = ffi.new("char[]", 256)
-        lib.llama_model_desc(self.ptr, buf, 256)
+        ptr = self.ptr
+        buf, _ = read_grown("char[]", 256, lambda b, n: lib.llama_model_desc(ptr, b, n), snprintf_needs)
         return ffi.string(buf).decode("utf-8", errors="replace")
 
     @property
@@ -222,13 +246,8 @@ class Model(NativeHandle):
 
     @staticmethod
     def _meta_str(fn: Callable[..., int], ptr: Any, i: int) -> str:
-        size = 256
-        while True:
-            buf = ffi.new("char[]", size)
-            n = fn(ptr, i, buf, size)
-            if n < size:
-                return ffi.string(buf).decode("utf-8", errors="replace")
-            size = n + 1
+        buf, _ = read_grown("char[]", 256, lambda b, n: fn(ptr, i, b, n), snprintf_needs)
+        return ffi.string(buf).decode("utf-8", errors="replace")
 
     @property
     def chat_template(self) -> str | None:
@@ -268,15 +287,14 @@ class Model(NativeHandle):
             raise TokenizeError(f"tokenize expects str or bytes, got {type(text).__name__}")
         if len(data) >= 2**31 - 1:
             raise TokenizeError("text too long to tokenize")
-        n_max = len(data) + 8
-        while True:
-            buf = ffi.new("llama_token[]", n_max)
+        def fill(buf: Any, n_max: int) -> int:
             n = lib.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
-            if n >= 0:
-                return list(ffi.unpack(buf, n))
             if n == -(2**31):
                 raise TokenizeError("tokenization overflowed int32")
-            n_max = -n
+            return n
+
+        buf, n = read_grown("llama_token[]", len(data) + 8, fill, negative_needs)
+        return list(ffi.unpack(buf, n))
 
     def check_tokens(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
         """Token ids as int32 array, or :class:`TokenizeError` if any is outside the vocabulary."""
@@ -300,15 +318,11 @@ class Model(NativeHandle):
         if cached is not None:
             return cached
         self.check_tokens([token])
-        size = 32
-        while True:
-            buf = ffi.new("char[]", size)
-            n = lib.llama_token_to_piece(self._vocab, token, buf, size, 0, special)
-            if n >= 0:
-                piece = ffi.unpack(buf, n)
-                self._piece_cache[key] = piece
-                return piece
-            size = -n
+        buf, n = read_grown("char[]", 32, lambda b, size: lib.llama_token_to_piece(self._vocab, token, b, size, 0, special),
+                            negative_needs)
+        piece = ffi.unpack(buf, n)
+        self._piece_cache[key] = piece
+        return piece
 
     def detokenize(self, tokens: Iterable[int], *, special: bool = False) -> str:
         """Token ids -> text (invalid UTF-8 is replaced)."""
@@ -316,23 +330,18 @@ class Model(NativeHandle):
         n_tokens = int(arr.size)
         size = max(16, n_tokens * 8)
         cbuf = ffi.from_buffer("llama_token[]", np.ascontiguousarray(arr))
-        while True:
-            buf = ffi.new("char[]", size)
-            n = lib.llama_detokenize(self._vocab, cbuf, n_tokens, buf, size, False, special)
-            if n >= 0:
-                return ffi.unpack(buf, n).decode("utf-8", errors="replace")
-            size = -n
+        buf, n = read_grown("char[]", size, lambda b, m: lib.llama_detokenize(self._vocab, cbuf, n_tokens, b, m, False, special),
+                            negative_needs)
+        return ffi.unpack(buf, n).decode("utf-8", errors="replace")
 
-    # --- contexts and the assistant -------------------------------------------------------------
+    # --- contexts ---------------------------------------------------------------------------------
 
     def create_context(self, params: ContextParams | None = None, **kwargs: Any) -> Context:
-        """A new :class:`~mtp_bindings.context.Context` on this model (keyword arguments are
-        :class:`~mtp_bindings.context.ContextParams` fields)."""
-        from .context import Context
-
+        """A new context on this model (a :attr:`context_type`; keyword arguments are
+        :class:`~mtp_bindings.params.ContextParams` fields)."""
         if self.vocab_only:
             raise ContextError("a vocab_only model cannot have contexts")
-        ctx = Context(self, params, **kwargs)
+        ctx = self.context_type(self, params, **kwargs)
         self._contexts.add(ctx)
         self._check_trained_context(ctx.n_ctx)
         return ctx
@@ -347,7 +356,8 @@ class Model(NativeHandle):
                            "may degrade", n_ctx, self.path.name, n_train, n_train)
 
     def generation_context(self, n_ctx: int | None = None) -> Context:
-        """The context :meth:`generate` uses by default (created on first use, then reused)."""
+        """The context ``generate`` uses when given none (created on first use, then reused;
+        recreated when closed or shorter than ``n_ctx``)."""
         want = n_ctx or default_n_ctx(self.n_ctx_train)
         ctx = getattr(self, "_gen_ctx", None)
         if ctx is None or ctx.closed or ctx.n_ctx < want:
@@ -359,31 +369,5 @@ class Model(NativeHandle):
 
     @property
     def has_assistant(self) -> bool:
-        fn = getattr(lib, "llama_model_has_mtp_assistant", None)
-        return bool(fn(self.ptr)) if fn is not None else False
-
-    def attach_assistant(self, path: str | os.PathLike[str]) -> None:
-        """Load an MTP assistant GGUF and attach it to this (target) model.
-
-        Raises :class:`AssistantLoadError` (with the C return code) when the file is malformed
-        or does not fit the target; the target stays usable either way.
-        """
-        from .mtp import attach_assistant
-
-        p = check_gguf_file(path, what="assistant")
-        attach_assistant(self, p)
-        self.assistant_path = p
-        logger.info("attached assistant %s to %s", p, self.path.name)
-
-    def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Any:
-        """Generate text; see :func:`mtp_bindings.speculative.generate` for the arguments."""
-        from .speculative import generate
-
-        return generate(self, prompt, **kwargs)
-
-    def chat(self, messages: Sequence[dict[str, str]], **kwargs: Any) -> Any:
-        """Apply the GGUF's chat template to ``messages`` and generate the reply."""
-        from .speculative import chat
-
-        return chat(self, messages, **kwargs)
-
+        """Whether an MTP assistant is attached to the loaded weights."""
+        return bool(lib.llama_model_has_mtp_assistant(self.ptr))

@@ -20,7 +20,7 @@ from mtp_bindings import (
 )
 from mtp_bindings.gguf_tools import rewrite_gguf, to_design_layout, verify_assistant
 from mtp_bindings.low_level import ffi, lib
-from mtp_bindings.mtp import graph_stats
+from mtp_bindings.mtp import graph_stats, session_of
 
 # Draft logits vs HF, each step fed HF's own inputs: the same fp16-GELU-table effect as the target
 # (see test_hf_reference.py), measured <= 0.16 on logits (std ~2.4) and <= 0.09 on the projected h
@@ -262,7 +262,7 @@ def test_second_submit_and_wait_without_submit_give_busy(dense):
     out = ffi.new("llama_token[16]")
     assert lib.llama_decode_mtp_wait(ctx.ptr, out, ffi.NULL) == -7
     with pytest.raises(MTPBusyError):
-        handle.wait() if handle._result is None else ctx._mtp_state.wait(handle)
+        handle.wait() if handle._result is None else session_of(ctx).wait(handle)
 
 
 @pytest.mark.parametrize("field, value, code", [
@@ -332,7 +332,7 @@ def test_seq_rm_below_attn_pos_while_in_flight_drains_first(dense):
     out = np.zeros(16, dtype=np.int32)
     assert lib.llama_decode_mtp_wait(ctx.ptr, ffi.from_buffer("llama_token[]", out), ffi.NULL) == 0
     assert out[:4].tolist() == want.tolist()
-    ctx._mtp_state.in_flight = None  # the Python handle was bypassed on purpose
+    session_of(ctx).in_flight = None  # the Python handle was bypassed on purpose
 
 
 def test_freeing_a_context_with_a_request_in_flight_is_safe():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from mtp_bindings import ModelLoadError
-from mtp_bindings.model import Model
+from mtp_bindings.model import LlamaModel as Model
 
 
 def test_concurrent_failures_each_report_their_own_native_error(trained_paths, tmp_path):

@@ -11,6 +11,7 @@ import pytest
 
 from fixture_paths import PAIRS, fixture_path
 from mtp_bindings import Model, ModelLoadError
+from mtp_bindings.mtp import current_session
 
 
 def test_context_too_large_for_memory_is_a_context_error_and_others_keep_working(tmp_path):
@@ -71,7 +72,8 @@ def test_keyboard_interrupt_mid_generation_leaves_the_context_reusable():
 
         with pytest.raises(KeyboardInterrupt):
             m.generate("import os\n", max_tokens=100, draft_n_max=2, context=ctx, cancel=interrupt)
-        assert ctx._mtp_state is None or ctx._mtp_state.in_flight is None
+        session = current_session(ctx)
+        assert session is None or session.in_flight is None
         assert m.generate("def f(x):", max_tokens=30, draft_n_max=2, context=ctx).tokens == want
 
 

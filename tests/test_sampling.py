@@ -1,7 +1,7 @@
 """The sampler and the speculative verifier on a toy model with history-dependent logits.
 
 The Monte Carlo tests compare the distribution of 3-token continuations produced by
-one-at-a-time sampling with the one produced by drafting + :meth:`Sampler.verify`: exact
+one-at-a-time sampling with the one produced by drafting + :meth:`RejectionSampler.verify`: exact
 speculative sampling must sit at the noise floor (the distance between two independent
 one-at-a-time runs), and a deliberately wrong verifier (greedy-match: keep drafts equal to the
 argmax) must be detected by the same test.
@@ -17,7 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mtp_bindings import InvalidParameterError
-from mtp_bindings.sampling import Sampler, SamplingParams
+from mtp_bindings.generation.rejection import RejectionSampler
+from mtp_bindings.generation.sampling import Sampler
+from mtp_bindings.params import SamplingParams
 
 V = 4
 N_TOK = 3
@@ -68,7 +70,7 @@ def sample_speculative(params: SamplingParams, seed: int, greedy_match: bool = F
                     n_acc += 1
                 nxt = s.sample(rows[n_acc], h + drafts[:n_acc])
             else:
-                n_acc, nxt = s.verify(rows, drafts, h)
+                n_acc, nxt = RejectionSampler(s).verify(rows, drafts, h)
             h += drafts[:n_acc] + [nxt]
         c[tuple(h[2:2 + N_TOK])] += 1
     return c
@@ -109,7 +111,7 @@ def test_greedy_match_verifier_is_detected_as_wrong(reference):
 def test_greedy_verify_keeps_exactly_the_argmax_prefix(history, drafts):
     s = Sampler(SamplingParams(temperature=0.0))
     rows = np.stack([toy_logits(history + drafts[:i]) for i in range(len(drafts) + 1)])
-    n_acc, nxt = s.verify(rows, drafts, history)
+    n_acc, nxt = RejectionSampler(s).verify(rows, drafts, history)
     h = list(history)
     for i in range(n_acc):
         assert drafts[i] == int(np.argmax(toy_logits(h)))

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from fixture_paths import PAIRS, fixture_path
 from mtp_bindings import Model
-from mtp_bindings.sampling import Sampler
+from mtp_bindings.generation.rejection import RejectionSampler
 
 PROMPTS = ["def main(argv):\n", "import os\nimport sys\n", "class Queue:\n    def __init__(self):",
            "x = {'a': 1, 'b': [2, 3]}\n", "    return self._data[key]\n"]
@@ -106,7 +106,7 @@ def _greedy_match_verify(self, rows, drafts, history):
     n = 0
     while n < len(drafts) and int(np.argmax(rows[n])) == drafts[n]:
         n += 1
-    return n, self.sample(rows[n], list(history) + list(drafts[:n]))
+    return n, self.sampler.sample(rows[n], list(history) + list(drafts[:n]))
 
 
 def test_sampling_with_mtp_has_the_plain_distribution_and_greedy_match_is_caught(trained, monkeypatch):
@@ -117,7 +117,7 @@ def test_sampling_with_mtp_has_the_plain_distribution_and_greedy_match_is_caught
     spec = _continuations(model, ctx, n, 3, seed=3)
     floor = _tv(ref, ref2, n)
     exact = _tv(ref, spec, n)
-    monkeypatch.setattr(Sampler, "verify", _greedy_match_verify)
+    monkeypatch.setattr(RejectionSampler, "verify", _greedy_match_verify)
     wrong = _tv(ref, _continuations(model, ctx, n, 3, seed=4), n)
     assert exact < max(0.06, 1.6 * floor), (exact, floor)
     assert wrong > 2 * max(exact, floor) and wrong > 0.08, (wrong, exact, floor)

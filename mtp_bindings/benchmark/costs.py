@@ -120,7 +120,7 @@ def measure_prompt_processing(target: Path, assistant: Path, *, threads: int, n_
     assistant vs with the assistant attached and drafting on; and, for reference, one decode of the
     whole prompt with embeddings on (llama.cpp then outputs every prompt row, logits included:
     what the driver did before it decoded all but the last prompt token without embeddings)."""
-    from ..model import Model
+    from ..api import Model
 
     rng = np.random.default_rng(seed)
     plain = Model(target)
@@ -229,7 +229,7 @@ def upstream_costs(cfg: BenchConfig, paths: dict[str, Path], log_dir: Path, *, n
     (``dur(b,g,a)`` with ``-v``; one server per n_max and weight layout, one at a time), prompt
     processing with and without ``-md`` (interleaved), server RSS and its buffer sizes (the
     second context's included)."""
-    from ..model import Model
+    from ..api import Model
 
     with Model(paths["target"], vocab_only=True) as m:
         rng = np.random.default_rng(3)
@@ -280,7 +280,7 @@ def _memory_worker(target: str, assistant: str, threads: int) -> dict[str, Any]:
     draft, and the buffer sizes llama.cpp logs (ours: the MTP scheduler's compute buffer)."""
     import logging
 
-    from ..model import Model
+    from ..api import Model
 
     lines: list[str] = []
 
@@ -382,7 +382,7 @@ def run_cost(cfg: BenchConfig, log_dir: Path, acceptance: dict[str, Any] | None)
     """The cost part. Weight layouts: llama.cpp's default (``repack``: extra buffer types, AMX on
     this kind of CPU) and ``no-repack``; the centroid head runs only without repacking (with it,
     libllama aborts: reported in ``centroid_repack``)."""
-    from ..model import Model
+    from ..api import Model
 
     shape = SHAPES[cfg.cost_shape]
     paths = build_cost_models(cfg)

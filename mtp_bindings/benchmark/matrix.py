@@ -6,11 +6,11 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import BenchConfig, log
+from .config import BenchConfig, Setup, log, setups
 from .util import CpuMeter, ServerProcess, cpu_seconds, free_port, median, ours_serve_argv, spread, upstream_argv
 
 
@@ -18,11 +18,13 @@ from .util import CpuMeter, ServerProcess, cpu_seconds, free_port, median, ours_
 @dataclass(frozen=True)
 class System:
     """One column of the matrix: ``kind`` is ``upstream`` or ``ours``; ``mtp`` is ``off``,
-    ``draft-mtp`` (upstream), ``sync`` (ours, depth2 off) or ``depth2`` (ours, depth2 on)."""
+    ``draft-mtp`` (upstream), ``sync`` (ours, depth2 off) or ``depth2`` (ours, depth2 on); ``head``
+    ``dense`` runs ours on the setup's dense-head assistant (the main one is the setup's own)."""
 
     kind: str
     mtp: str
     draft_n: int = 0
+    head: str = ""
 
     @property
     def label(self) -> str:
@@ -30,6 +32,8 @@ class System:
                  ("ours", "off"): "ours plain", ("ours", "sync"): "ours MTP depth2 off",
                  ("ours", "depth2"): "ours MTP depth2 on"}
         base = names[(self.kind, self.mtp)]
+        if self.head:
+            base = base.replace("ours MTP", f"ours MTP {self.head} head")
         return base if self.mtp == "off" else f"{base} n={self.draft_n}"
 
     @property
@@ -37,10 +41,15 @@ class System:
         return self.label.rsplit(" n=", 1)[0]
 
 
-def systems_for(draft_ns: Sequence[int]) -> list[System]:
+def systems_for(draft_ns: Sequence[int], depth2_ns: Sequence[int] | None = None,
+                dense_ns: Sequence[int] = ()) -> list[System]:
     out = [System("upstream", "off"), System("ours", "off")]
     for n in draft_ns:
-        out += [System("upstream", "draft-mtp", n), System("ours", "sync", n), System("ours", "depth2", n)]
+        out += [System("upstream", "draft-mtp", n), System("ours", "sync", n)]
+        if depth2_ns is None or n in depth2_ns:
+            out.append(System("ours", "depth2", n))
+        if n in dense_ns:
+            out.append(System("ours", "sync", n, head="dense"))
     return out
 
 
@@ -96,7 +105,7 @@ class MatrixRunner:
     def __init__(self, cfg: BenchConfig, log_dir: Path) -> None:
         self.cfg = cfg
         self.log_dir = log_dir
-        self.systems = systems_for(cfg.draft_ns)
+        self.systems = systems_for(cfg.draft_ns, cfg.depth2_ns, cfg.dense_ns)
         self.samples: list[Sample] = []
         self.meter = CpuMeter()
         self.rng = random.Random(cfg.seed_shuffle or cfg.seed)
@@ -104,32 +113,36 @@ class MatrixRunner:
 
     # --- servers ------------------------------------------------------------------------------
 
-    def _start_upstream(self, kv: str) -> dict[System, ServerProcess]:
+    def _on_http(self, s: System) -> bool:
+        return not s.head and (self.cfg.http_ns is None or s.mtp == "off" or s.draft_n in self.cfg.http_ns)
+
+    def _start_upstream(self, setup: Setup) -> dict[System, ServerProcess]:
         cfg = self.cfg
         servers: dict[System, ServerProcess] = {}
         for s in self.systems:
             if s.kind != "upstream":
                 continue
             port = free_port()
-            argv = upstream_argv(cfg.target, port, threads=cfg.threads, n_ctx=cfg.n_ctx, kv=kv,
-                                 assistant=cfg.assistant if s.mtp == "draft-mtp" else None, draft_n=s.draft_n)
-            servers[s] = ServerProcess(f"upstream-{kv}-{s.label}", argv, port, self.log_dir)
+            argv = upstream_argv(setup.target, port, threads=cfg.threads, n_ctx=cfg.n_ctx, kv=setup.kv,
+                                 assistant=setup.upstream_assistant if s.mtp == "draft-mtp" else None, draft_n=s.draft_n)
+            servers[s] = ServerProcess(f"upstream-{setup.name}-{s.label}".replace(" ", "_"), argv, port, self.log_dir)
         for srv in servers.values():
             srv.wait_ready()
             self.meter.add(srv.pid)
         return servers
 
-    def _start_ours(self, kv: str) -> dict[str, ServerProcess]:
+    def _start_ours(self, setup: Setup) -> dict[str, ServerProcess]:
         cfg = self.cfg
         servers: dict[str, ServerProcess] = {}
-        for name, assistant, depth2 in (("off", None, True), ("sync", cfg.assistant, False),
-                                        ("depth2", cfg.assistant, True)):
-            if name != "off" and not cfg.draft_ns:
+        wanted = {s.mtp for s in self.systems if s.kind == "ours" and self._on_http(s)}
+        for name, assistant, depth2 in (("off", None, True), ("sync", setup.assistant, False),
+                                        ("depth2", setup.assistant, True)):
+            if name not in wanted:
                 continue
             port = free_port()
-            argv = ours_serve_argv(cfg.target, port, threads=cfg.threads, n_ctx=cfg.n_ctx, kv=kv,
+            argv = ours_serve_argv(setup.target, port, threads=cfg.threads, n_ctx=cfg.n_ctx, kv=setup.kv,
                                    assistant=assistant, depth2=depth2)
-            servers[name] = ServerProcess(f"ours-serve-{kv}-{name}", argv, port, self.log_dir)
+            servers[name] = ServerProcess(f"ours-serve-{setup.name}-{name}".replace(" ", "_"), argv, port, self.log_dir)
         for srv in servers.values():
             srv.wait_ready()
             self.meter.add(srv.pid)
@@ -190,60 +203,75 @@ class MatrixRunner:
     # --- the loop ---------------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        from ..model import Model
+        from ..api import Model
 
         cfg = self.cfg
         do_http = "http" in cfg.parts
-        model = Model(cfg.target, assistant=cfg.assistant if cfg.draft_ns else None)
-        prompt_ids = model.tokenize(cfg.prompt)
-        bias = eog_bias(model) if cfg.suppress_eog else {}
         cells = [(n, t) for n in cfg.outputs for t in cfg.temperatures]
+        prompt_ids: list[int] = []
+        bias: dict[int, float] = {}
         self.meter.begin()
         t_start = time.perf_counter()
-        try:
-            for kv in cfg.kv_types:
-                log(f"matrix: KV {kv}: starting servers")
-                fa = "off" if kv in ("f16", "f32") else "on"
-                ctx = model.create_context(n_ctx=cfg.n_ctx, n_threads=cfg.threads, type_k=kv, type_v=kv,
-                                           flash_attn=fa, embeddings=bool(cfg.draft_ns))
-                ups = self._start_upstream(kv)
-                ours_srv = self._start_ours(kv) if do_http else {}
-                try:
-                    # warm-up: one short generation on every system (page cache, graph caches)
-                    for s in self.systems:
-                        body = request_body(prompt_ids, 8, 0.0, cfg.seed, s.draft_n, bias)
-                        if s.kind == "upstream":
-                            self._upstream(ups[s], s, body, kv, 8, 0.0, -1)
+        used = setups(cfg)
+        for setup in used:
+            log(f"matrix: {setup.name}: loading {setup.target.name} + {setup.assistant.name}"
+                + (f" (+ {setup.dense_assistant.name})" if setup.dense_assistant and cfg.dense_ns else "")
+                + f"; upstream: {setup.upstream_assistant.name}")
+            models = {"": Model(setup.target, assistant=setup.assistant if cfg.draft_ns else None)}
+            if setup.dense_assistant is not None and cfg.dense_ns:
+                models["dense"] = Model(setup.target, assistant=setup.dense_assistant)
+            prompt_ids = models[""].tokenize(cfg.prompt)
+            bias = eog_bias(models[""]) if cfg.suppress_eog else {}
+            fa = "off" if setup.kv in ("f16", "f32") else "on"
+            ctxs = {head: m.create_context(n_ctx=cfg.n_ctx, n_threads=cfg.threads, type_k=setup.kv, type_v=setup.kv,
+                                           flash_attn=fa, embeddings=bool(cfg.draft_ns)) for head, m in models.items()}
+            ups: dict[System, ServerProcess] = {}
+            ours_srv: dict[str, ServerProcess] = {}
+            try:
+                log(f"matrix: {setup.name}: starting servers")
+                ups = self._start_upstream(setup)
+                ours_srv = self._start_ours(setup) if do_http else {}
+
+                def one(s: System, n_out: int, temp: float, seed: int, run: int) -> None:
+                    if s.head not in models:
+                        return  # a head this setup has no file for
+                    body = request_body(prompt_ids, n_out, temp, seed, s.draft_n, bias)
+                    if s.kind == "upstream":
+                        sample = self._upstream(ups[s], s, body, setup.name, n_out, temp, run)
+                    else:
+                        sample = self._ours_inproc(models[s.head], ctxs[s.head], s, prompt_ids, n_out, temp, seed,
+                                                   bias, setup.name, run)
+                    if run >= 0:
+                        self.samples.append(sample)
+                    if do_http and self._on_http(s):
+                        srv = ups[s] if s.kind == "upstream" else ours_srv[s.mtp]
+                        if run >= 0:
+                            self.samples.append(self._e2e(srv, s, body, setup.name, n_out, temp, run))
                         else:
-                            self._ours_inproc(model, ctx, s, prompt_ids, 8, 0.0, cfg.seed, bias, kv, -1)
-                        if do_http:
-                            self._http(ups[s] if s.kind == "upstream" else ours_srv[s.mtp], body)
-                    for run in range(cfg.runs):
-                        for n_out, temp in self.rng.sample(cells, len(cells)):
-                            seed = cfg.seed + run
-                            order = self.rng.sample(self.systems, len(self.systems))
-                            log(f"matrix: KV {kv} run {run + 1}/{cfg.runs} out {n_out} temp {temp}: "
-                                f"{len(order)} systems{' (+http)' if do_http else ''}")
-                            for s in order:
-                                body = request_body(prompt_ids, n_out, temp, seed, s.draft_n, bias)
-                                if s.kind == "upstream":
-                                    self.samples.append(self._upstream(ups[s], s, body, kv, n_out, temp, run))
-                                else:
-                                    self.samples.append(self._ours_inproc(model, ctx, s, prompt_ids, n_out, temp,
-                                                                          seed, bias, kv, run))
-                                if do_http:
-                                    srv = ups[s] if s.kind == "upstream" else ours_srv[s.mtp]
-                                    self.samples.append(self._e2e(srv, s, body, kv, n_out, temp, run))
-                            self.meter.sample()
-                finally:
-                    for srv in list(ups.values()) + list(ours_srv.values()):
-                        srv.stop()
+                            self._http(srv, body)
+
+                # warm-up: one short generation on every system (page cache, graph caches)
+                for s in self.systems:
+                    one(s, 8, 0.0, cfg.seed, -1)
+                for run in range(cfg.runs):
+                    for n_out, temp in self.rng.sample(cells, len(cells)):
+                        order = self.rng.sample(self.systems, len(self.systems))
+                        log(f"matrix: {setup.name} run {run + 1}/{cfg.runs} out {n_out} temp {temp}: "
+                            f"{len(order)} systems{' (+http)' if do_http else ''}")
+                        for s in order:
+                            one(s, n_out, temp, cfg.seed + run, run)
+                        self.meter.sample()
+            finally:
+                for srv in list(ups.values()) + list(ours_srv.values()):
+                    srv.stop()
+                for ctx in ctxs.values():
                     ctx.close()
-        finally:
-            model.close()
+                for m in models.values():
+                    m.close()
         noise = self.meter.end()
         noise["matrix_wall_s"] = time.perf_counter() - t_start
-        return {"prompt_ids": prompt_ids, "eog_bias_tokens": sorted(bias), "noise": noise}
+        return {"prompt_ids": prompt_ids, "eog_bias_tokens": sorted(bias), "noise": noise,
+                "setups": [{k: str(v) if isinstance(v, Path) else v for k, v in asdict(u).items()} for u in used]}
 
 
 # --- aggregation ------------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ def omp_policy_ab(target: Path, assistant: Path, threads: int) -> list[dict[str,
 def _trained_costs(cfg: BenchConfig, log_dir: Path) -> dict[str, Any]:
     """Draft step and verify costs of the matrix's own pair (for its expected speedup), and
     upstream's draft time on it."""
-    from ..model import Model
+    from ..api import Model
 
     with Model(cfg.target, assistant=cfg.assistant) as m:
         d = measure_draft_steps({"dense": m}, threads=cfg.threads, n_prompt=32, steps=(1, 2, 3, 4),
@@ -91,7 +91,7 @@ def speedup_table(result: dict[str, Any], cfg: BenchConfig) -> dict[str, Any]:
     drv = {(r["config"], r["draft_n"]): r["driver_us_per_round"] * 1e-6
            for r in result.get("driver", {}).get("rows", []) if r["temp"] == 0.0}
     out_rows = []
-    kv, n_out = cfg.kv_types[0], max(cfg.outputs)
+    kv, n_out = f"KV {cfg.kv_types[0]}", max(cfg.outputs)  # the tiny pair's first setup (config.setups)
 
     def cell(fam: str, k: int) -> dict[str, Any] | None:
         return next((r for r in rows if r["family"] == fam and r["draft_n"] == k and r["kv"] == kv
@@ -263,7 +263,7 @@ def run(cfg: BenchConfig, command: str = "mtp-bindings bench") -> dict[str, Any]
                    "started": time.strftime("%Y-%m-%d %H:%M:%S"), "errors": [], "server_logs": str(log_dir),
                    "package_fingerprint": package_fingerprint(), "git_head": _git_head()})
     t0 = time.perf_counter()
-    from ..model import Model
+    from ..api import Model
 
     if "inproc" in cfg.parts or "http" in cfg.parts:
         runner = MatrixRunner(cfg, log_dir)
@@ -276,8 +276,11 @@ def run(cfg: BenchConfig, command: str = "mtp-bindings bench") -> dict[str, Any]
             result[part] = {"rows": rows, "identity": [i for i in identity_check(runner.samples) if i["part"] == part],
                             "noise": noise_summary(rows, info["noise"]), "prompt_ids": info["prompt_ids"]}
         result["samples"] = [_sample_json(s) for s in runner.samples]
+        result["setups"] = info["setups"]
         _finish(result, cfg, t0)
-    if {"inproc", "http", "driver"} & set(cfg.parts):
+    # the driver's own time and the pair's costs: with the matrix on the tiny pair; on the E2B pair
+    # only when asked for (minutes per configuration at that size)
+    if "driver" in cfg.parts or (cfg.pair != "e2b" and {"inproc", "http"} & set(cfg.parts)):
         log("driver: Python time per round on the trained pair")
         with Model(cfg.target, assistant=cfg.assistant) as m:
             prompt_ids = m.tokenize(cfg.prompt)

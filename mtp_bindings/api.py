@@ -1,0 +1,85 @@
+"""The public ``Model``: a loaded target with its optional MTP assistant, contexts that can draft,
+and the convenience entry points ``generate`` and ``chat``.
+
+Why a subclass in its own module: the model of the lower layer (:class:`~.model.LlamaModel`)
+must not know drafting or generation, yet ``mtp_bindings.Model(...).generate(...)`` is the API
+users, the README and the examples rely on. This module sits above :mod:`.generation` and adds
+what needs the upper layers -- as argon2-cffi's ``PasswordHasher`` sits over its ``low_level`` --
+so every import still points downward.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from .generation.driver import chat, generate
+from .generation.results import GenerationResult, TextPiece
+from .model import LlamaModel, ProgressCallback, check_gguf_file
+from .mtp import MTPContext, attach_assistant
+
+logger = logging.getLogger("mtp_bindings")
+
+
+class Model(LlamaModel):
+    """A GGUF model loaded with llama.cpp, optionally with an MTP assistant attached.
+
+    >>> with Model("target.gguf", assistant="assistant.gguf") as model:
+    ...     print(model.generate("def main(", max_tokens=32).text)
+
+    Args:
+        path: the target GGUF.
+        assistant: optional MTP assistant GGUF to attach (see :meth:`attach_assistant`).
+        n_gpu_layers: layers to offload to a GPU backend (-1 = all); CPU builds ignore it.
+        use_mmap: map the file instead of reading it.
+        vocab_only: load only the vocabulary (no weights; no contexts can be created).
+        progress: a callable ``f(fraction) -> bool | None`` (return False to abort), or True
+            for a progress bar.
+        verbose: forward llama.cpp's log lines to the ``mtp_bindings.native`` logger.
+    """
+
+    context_type = MTPContext
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        assistant: str | os.PathLike[str] | None = None,
+        n_gpu_layers: int = 0,
+        use_mmap: bool = True,
+        vocab_only: bool = False,
+        progress: ProgressCallback | bool | None = None,
+        verbose: bool = False,
+    ) -> None:
+        super().__init__(path, n_gpu_layers=n_gpu_layers, use_mmap=use_mmap, vocab_only=vocab_only,
+                         progress=progress, verbose=verbose)
+        if assistant is not None:
+            self.attach_assistant(assistant)
+
+    def create_context(self, *args: Any, **kwargs: Any) -> MTPContext:
+        """A new :class:`~mtp_bindings.mtp.MTPContext` on this model (keyword arguments are
+        :class:`~mtp_bindings.params.ContextParams` fields)."""
+        ctx = super().create_context(*args, **kwargs)
+        assert isinstance(ctx, MTPContext)
+        return ctx
+
+    def attach_assistant(self, path: str | os.PathLike[str]) -> None:
+        """Load an MTP assistant GGUF and attach it to this (target) model.
+
+        Raises :class:`AssistantLoadError` (with the C return code) when the file is malformed
+        or does not fit the target; the target stays usable either way.
+        """
+        p = check_gguf_file(path, what="assistant")
+        attach_assistant(self, p)
+        self.assistant_path = p
+        logger.info("attached assistant %s to %s", p, self.path.name)
+
+    def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> GenerationResult | Iterator[TextPiece]:
+        """Generate text; see :func:`mtp_bindings.generation.driver.generate` for the arguments."""
+        return generate(self, prompt, **kwargs)
+
+    def chat(self, messages: Sequence[dict[str, str]], **kwargs: Any) -> GenerationResult | Iterator[TextPiece]:
+        """Apply the GGUF's chat template to ``messages`` and generate the reply."""
+        return chat(self, messages, **kwargs)

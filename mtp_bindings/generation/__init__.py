@@ -1,0 +1,43 @@
+"""Generation: plain or MTP-speculative decoding, lossless at any temperature.
+
+One module per job, each importing only downward (see ARCHITECTURE.md):
+
+* :mod:`.stats` -- what a generation did (shared with the server's metrics);
+  :mod:`.results` -- the result and streamed-piece types;
+* :mod:`.sampling` -- the sampler (the next-token distribution); :mod:`.rejection` -- exact
+  speculative sampling over drafted tokens (as vLLM's ``RejectionSampler``);
+* :mod:`.drafter` -- drafters that propose tokens and take feedback (as transformers'
+  ``CandidateGenerator``), and the skip-streak policy that wraps one;
+* :mod:`.verifier` -- the verify decode, the KV rollback and the hidden state to draft from;
+* :mod:`.prefill` -- the prompt; :mod:`.loop` -- the round loop, which only orchestrates;
+* :mod:`.text` -- tokens to text pieces; :mod:`.trace` -- the NDJSON acceptance trace;
+* :mod:`.driver` -- the entry points ``generate`` and ``chat``.
+
+The names below are imported on first access, so that the pure modules (``sampling``,
+``rejection``, ``stats``, ``text``) load without the compiled extension.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .driver import chat, generate
+    from .results import GenerationResult, TextPiece
+    from .stats import GenerationStats
+
+_LAZY = {"generate": ".driver", "chat": ".driver", "GenerationResult": ".results", "TextPiece": ".results",
+         "GenerationStats": ".stats"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = ["generate", "chat", "GenerationResult", "GenerationStats", "TextPiece"]

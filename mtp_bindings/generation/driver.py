@@ -1,0 +1,184 @@
+"""The entry points ``generate`` and ``chat``: check the arguments, resolve the defaults (the
+preset, then the environment -- read here, at the library's edge, and nowhere below), run the
+round loop and assemble its tokens into a result or a stream of text pieces.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, Any
+
+import numpy as np
+
+from ..chat_template import CHAT_TOKENIZE, render_chat
+from ..context import Context
+from ..env import env_depth2, env_skip_streak, env_trace
+from ..exceptions import ContextOverflowError, InvalidParameterError
+from ..model import LlamaModel
+from ..params import DraftParams, SamplingParams
+from ..presets import resolve_preset
+from .loop import token_rounds
+from .results import GenerationResult, TextPiece
+from .sampling import Sampler
+from .stats import GenerationStats
+from .text import TextAssembler
+from .trace import Tracer
+
+
+def draft_params(draft_n_max: int | None = None, depth2: bool | None = None, skip_streak: int | None = None,
+                 preset: str | None = None, h_idx: str = "accepted", ignore_eos: bool = False) -> DraftParams:
+    """The drafting settings of a generation: what is given, else the environment's
+    (``LLAMA_PIPELINE_DEPTH2``, ``LLAMA_MTP_SKIP_STREAK_THRESHOLD``), else the preset's."""
+    base = resolve_preset(preset)
+    opts = DraftParams(
+        draft_n_max=base.draft_n_max if draft_n_max is None else draft_n_max,
+        depth2=env_depth2() if depth2 is None else bool(depth2),
+        skip_streak=env_skip_streak(base.skip_streak) if skip_streak is None else skip_streak,
+        h_idx=h_idx,
+        ignore_eos=bool(ignore_eos),
+    )
+    opts.validate()
+    return opts
+
+
+def generate(
+    model: LlamaModel,
+    prompt: str | Sequence[int],
+    *,
+    max_tokens: int = 128,
+    temperature: float = 0.0,
+    top_k: int = 40,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    repeat_penalty: float = 1.0,
+    repeat_last_n: int = 64,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    seed: int | None = None,
+    logit_bias: dict[int, float] | None = None,
+    stop: str | Sequence[str] | None = None,
+    draft_n_max: int | None = None,
+    preset: str | None = None,
+    depth2: bool | None = None,
+    skip_streak: int | None = None,
+    trace: str | os.PathLike[str] | IO[str] | None = None,
+    stream: bool = False,
+    cancel: Callable[[], bool] | None = None,
+    prompt_progress: Callable[[int, int], None] | None = None,
+    context: Context | None = None,
+    add_special: bool = True,
+    parse_special: bool = False,
+    h_idx: str = "accepted",
+    ignore_eos: bool = False,
+) -> GenerationResult | Iterator[TextPiece]:
+    """Generate a continuation of ``prompt`` (text or token ids).
+
+    Sampling: ``temperature`` (0 = greedy), ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``
+    over the last ``repeat_last_n`` tokens, ``presence_penalty``, ``frequency_penalty``, ``seed``,
+    ``logit_bias`` (token id -> added logit).
+    Drafting: ``draft_n_max`` tokens per round (0 = plain decoding; default from ``preset``,
+    see :mod:`.presets`), ``depth2`` overlap (default on; ``LLAMA_PIPELINE_DEPTH2=0`` turns it
+    off), ``skip_streak`` threshold (``LLAMA_MTP_SKIP_STREAK_THRESHOLD``), ``trace`` (a path, a
+    file, or ``LLAMA_MTP_ACC_TRACE``). Output is lossless: the same distribution as plain
+    sampling, and at temperature 0 the same tokens as plain greedy decoding.
+
+    Returns a :class:`GenerationResult`, or with ``stream=True`` an iterator of
+    :class:`TextPiece` whose last item carries the stats. ``cancel()`` returning True stops the
+    generation (finish_reason ``cancelled``, checked between rounds and between batches of the
+    prompt); so does closing the stream. ``prompt_progress(done, total)`` is called after each
+    batch of the prompt (tokens processed, prompt tokens). ``ignore_eos`` keeps generating through
+    end-of-generation tokens (benchmarks, load tests). A generation that stops because the context
+    is full has finish_reason ``length`` and ``stats.hit_context_limit`` set.
+    """
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+        raise InvalidParameterError(f"max_tokens must be a non-negative int, got {max_tokens!r}")
+    if not isinstance(prompt, (str, Sequence, np.ndarray)) or isinstance(prompt, (bytes, bytearray)):
+        raise InvalidParameterError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
+    sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed,
+                        logit_bias=logit_bias)
+    opts = draft_params(draft_n_max, depth2, skip_streak, preset, h_idx, ignore_eos)
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if not all(isinstance(s, str) for s in stops):
+        raise InvalidParameterError("stop must be a string or a list of strings")
+    if logit_bias and any(isinstance(t, int) and not 0 <= t < model.n_vocab for t in logit_bias):
+        raise InvalidParameterError(f"logit_bias token ids must be in [0, {model.n_vocab})")
+    if isinstance(prompt, str):
+        tokens = model.tokenize(prompt, add_special=add_special, parse_special=parse_special)
+    else:
+        tokens = model.check_tokens(list(prompt)).tolist()
+    if not tokens:
+        raise InvalidParameterError("the prompt is empty")
+    ctx = context if context is not None else model.generation_context()
+    if len(tokens) >= ctx.n_ctx:
+        raise ContextOverflowError(f"the prompt has {len(tokens)} tokens; the context holds {ctx.n_ctx}")
+    it = _pieces(model, ctx, tokens, sp, max_tokens, stops, opts, env_trace() if trace is None else trace, cancel,
+                 prompt_progress)
+    if stream:
+        return it
+    pieces = list(it)
+    last = pieces[-1]
+    assert last.stats is not None and last.finish_reason is not None
+    return GenerationResult(text="".join(pieces), tokens=[t for p in pieces for t in p.tokens],
+                            stats=last.stats, finish_reason=last.finish_reason)
+
+
+def _pieces(model: LlamaModel, ctx: Context, prompt: list[int], sp: SamplingParams, max_tokens: int,
+            stops: list[str], opts: DraftParams, trace: Any, cancel: Callable[[], bool] | None,
+            prompt_progress: Callable[[int, int], None] | None = None) -> Iterator[TextPiece]:
+    stats = GenerationStats(n_prompt=len(prompt))
+    tracer = Tracer.open(trace)
+    text = TextAssembler(model, stops)
+    finish = "length"
+    stopped_in_prompt = False
+
+    def on_prompt(done: int, total: int) -> bool:
+        nonlocal stopped_in_prompt
+        if prompt_progress is not None:
+            prompt_progress(done, total)
+        stopped_in_prompt = cancel is not None and bool(cancel())
+        return not stopped_in_prompt
+
+    watch = on_prompt if prompt_progress is not None or cancel is not None else None
+    t0 = time.perf_counter()
+    with ctx.lock:  # one generation at a time on a context
+        rounds = token_rounds(ctx, prompt, Sampler(sp), max_tokens, opts, stats, tracer,
+                              prompt_progress=watch) if max_tokens > 0 else iter(())
+        try:
+            for toks in rounds:
+                piece = text.feed(toks)
+                if text.stopped:
+                    finish = "stop"
+                    yield TextPiece(piece, toks)
+                    break
+                if cancel is not None and cancel():
+                    finish = "cancelled"
+                    yield TextPiece(piece, toks)
+                    break
+                if piece or toks:
+                    yield TextPiece(piece, toks)
+            else:
+                if stopped_in_prompt:
+                    finish = "cancelled"
+                elif stats.hit_eog:
+                    finish = "stop"
+        except GeneratorExit:
+            finish = "cancelled"
+            raise
+        finally:
+            if hasattr(rounds, "close"):
+                rounds.close()
+            tracer.close()
+            stats.t_total = time.perf_counter() - t0
+    yield TextPiece(text.flush(), [], stats, finish)
+
+
+def chat(model: LlamaModel, messages: Sequence[dict[str, str]], **kwargs: Any) -> GenerationResult | Iterator[TextPiece]:
+    """Apply the model's chat template (jinja2) to ``messages`` and generate the reply."""
+    prompt = render_chat(model, messages)
+    for key, value in CHAT_TOKENIZE.items():
+        kwargs.setdefault(key, value)
+    return generate(model, prompt, **kwargs)

@@ -1,0 +1,120 @@
+"""The round loop: it only orchestrates. Each round a drafter proposes ``k`` tokens, the verifier
+decodes ``[last token] + drafts`` in one target decode, the rejection sampler keeps a prefix and
+draws the next token, the verifier rolls the KV back past it, and the drafter hears the outcome
+(and, with depth-2, starts drafting the next round while the caller handles these tokens).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from ..context import Context
+from ..params import DraftParams
+from .drafter import Proposal, make_drafter
+from .prefill import PromptProgress, prefill
+from .rejection import RejectionSampler
+from .sampling import Sampler
+from .stats import GenerationStats
+from .trace import Tracer
+from .verifier import Verifier
+
+
+def plan(draft_n_max: int, remaining: int, attn_pos: int, n_ctx: int) -> int:
+    """Drafts for the next round: never past max_tokens (the round adds k + 1) or the context."""
+    return max(0, min(draft_n_max, remaining - 1, n_ctx - attn_pos - 2))
+
+
+def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_tokens: int, opts: DraftParams,
+                 stats: GenerationStats, tracer: Tracer, seq_id: int = 0,
+                 prompt_progress: PromptProgress | None = None) -> Iterator[list[int]]:
+    """Yield the tokens each round produces (first the token sampled after the prompt).
+
+    Stops at ``max_tokens``, at an end-of-generation token (not yielded) or when the context is
+    full (``stats.hit_context_limit``); the caller may stop early by closing the generator. Any
+    drafting work is drained on exit. ``prompt_progress(done, total)`` is called after each batch
+    of the prompt; returning False stops before anything is generated.
+    """
+    model = ctx.model
+    drafting = opts.draft_n_max > 0 and model.has_assistant  # type: ignore[attr-defined]
+    draft_n_max = opts.draft_n_max if drafting else 0
+    drafter = make_drafter(ctx, drafting, seq_id, opts.depth2, opts.skip_streak)
+    verifier = Verifier(ctx, seq_id, opts.h_idx, hidden=drafting)
+    rejection = RejectionSampler(sampler)
+    trace = tracer.enabled and drafting
+    history = list(prompt)
+    n_ctx = ctx.n_ctx
+    try:
+        t0 = time.perf_counter()
+        ctx.adapt_threads()
+        if not prefill(ctx, history, seq_id, drafting, prompt_progress):
+            return
+        stats.t_prompt = time.perf_counter() - t0
+        t = time.perf_counter()
+        x = sampler.sample(ctx.logits_view(-1), history)
+        stats.t_sample += time.perf_counter() - t
+        h = ctx.get_embeddings(-1) if drafting else None
+        attn_pos = len(history) - 1
+        if model.is_eog(x) and not opts.ignore_eos:
+            stats.hit_eog = True
+            return
+        history.append(x)
+        stats.n_generated = 1
+        drafter.prepare_next(attn_pos, x, h, plan(draft_n_max, max_tokens - 1, attn_pos, n_ctx))
+        yield [x]
+        it = 0
+        while stats.n_generated < max_tokens and attn_pos + 2 <= n_ctx:
+            k = plan(draft_n_max, max_tokens - stats.n_generated, attn_pos, n_ctx)
+            t = time.perf_counter()
+            if k > 0:
+                proposal = drafter.propose(attn_pos, x, h, k)
+            else:
+                drafter.cancel()
+                proposal = Proposal([], "skip-nsteps" if drafting else "none")
+            stats.n_skipped_rounds += proposal.skipped
+            drafts = proposal.tokens
+            stats.t_draft += time.perf_counter() - t
+            if trace:
+                tracer.event(event="mtp_draft", iter=it, path=proposal.path, seq_id=seq_id, id_last=x,
+                             h_idx=opts.h_idx, attn_pos=attn_pos, n_steps=len(drafts),
+                             h_l2=float(np.linalg.norm(h)) if h is not None else 0.0, drafts=drafts)
+
+            t = time.perf_counter()
+            rows = verifier.rows(x, drafts, attn_pos)
+            stats.t_verify += time.perf_counter() - t
+
+            t = time.perf_counter()
+            n_acc, y = rejection.verify(rows, drafts, history)
+            stats.t_sample += time.perf_counter() - t
+            # Re-read the load for the next decode here: the drafting worker and the compute threads are idle,
+            # and the reader of the last yielded piece (woken a whole decode ago) is asleep again. Read just
+            # after a yield, that reader is almost always running and looks like load.
+            ctx.adapt_threads()
+            h = verifier.accept(attn_pos, len(drafts), n_acc)
+            attn_pos += 1 + n_acc
+            accepted = drafts[:n_acc] + [y]
+            stats.count_round(len(drafts), n_acc)
+            drafter.update(len(drafts), n_acc)
+            if trace:
+                tracer.event(event="mtp_accept", iter=it, n_accepted=n_acc, n_drafted_prev=len(drafts))
+            it += 1
+
+            eog = None if opts.ignore_eos else next((i for i, tok in enumerate(accepted) if model.is_eog(tok)), None)
+            if eog is not None:
+                accepted = accepted[:eog]
+            history.extend(accepted)
+            stats.n_generated += len(accepted)
+            if eog is not None:
+                stats.hit_eog = True
+                if accepted:
+                    yield accepted
+                return
+            x = y
+            if stats.n_generated < max_tokens:
+                drafter.prepare_next(attn_pos, x, h, plan(draft_n_max, max_tokens - stats.n_generated, attn_pos, n_ctx))
+            yield accepted
+        stats.hit_context_limit = stats.n_generated < max_tokens
+    finally:
+        drafter.cancel()

@@ -1,0 +1,58 @@
+"""Text assembly: tokens to text pieces that are whole UTF-8 characters, with stop strings cut
+out (text that could be the start of a stop string is held back until it is known not to be one).
+Pure Python."""
+
+from __future__ import annotations
+
+import codecs
+from typing import Any, Sequence
+
+
+class TextAssembler:
+    """Turns tokens into text pieces (``model`` renders a token with ``token_to_piece``)."""
+
+    def __init__(self, model: Any, stop: Sequence[str]) -> None:
+        self.model = model
+        self.stop = [s for s in stop if s]
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.pending = ""
+        self.text = ""
+        self.stopped = False
+
+    def feed(self, tokens: Sequence[int]) -> str:
+        """Add tokens; returns the text now safe to emit (may be empty)."""
+        raw = b"".join(self.model.token_to_piece(t) for t in tokens)
+        self.pending += self.decoder.decode(raw)
+        if self.stop:
+            hits = [(self.pending.find(s), s) for s in self.stop]
+            hits = [(i, s) for i, s in hits if i >= 0]
+            if hits:
+                i = min(hits)[0]
+                out = self.pending[:i]
+                self.pending = ""
+                self.stopped = True
+                self.text += out
+                return out
+            keep = max((_overlap(self.pending, s) for s in self.stop), default=0)
+        else:
+            keep = 0
+        cut = len(self.pending) - keep
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        self.text += out
+        return out
+
+    def flush(self) -> str:
+        if self.stopped:
+            return ""
+        out = self.pending + self.decoder.decode(b"", final=True)
+        self.pending = ""
+        self.text += out
+        return out
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``stop``."""
+    for n in range(min(len(text), len(stop) - 1), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0

@@ -1,0 +1,40 @@
+"""The verify step on the target: decode ``[last token] + drafts`` in one batch, then roll the KV
+back past the accepted prefix and pick the hidden state the next round drafts from.
+
+``h_idx``: the next round drafts from the hidden state of the *last accepted* token (the design's
+``h_idx`` correction); ``"last"`` takes the last row of the batch instead, the design's
+regression, kept for the tests that show why it is wrong.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..context import Context
+
+
+class Verifier:
+    """Verifies drafts on ``ctx``'s sequence ``seq_id``; ``hidden``: keep hidden states to draft from."""
+
+    def __init__(self, ctx: Context, seq_id: int, h_idx: str, hidden: bool) -> None:
+        self.ctx = ctx
+        self.seq_id = seq_id
+        self.h_idx = h_idx
+        self.hidden = hidden
+
+    def rows(self, last_token: int, drafts: list[int], attn_pos: int) -> list[np.ndarray]:
+        """Decode ``[last_token] + drafts`` after KV position ``attn_pos``; the target's logits rows
+        (row ``i`` predicts the token after ``drafts[:i]``). The rows are views: read them before
+        the next decode."""
+        batch = [last_token] + drafts
+        self.ctx.decode(batch, pos=attn_pos + 1, seq_id=self.seq_id, logits="all")
+        return [self.ctx.logits_view(i) for i in range(len(batch))]
+
+    def accept(self, attn_pos: int, n_drafted: int, n_accepted: int) -> np.ndarray | None:
+        """Keep the first ``n_accepted`` drafts: drop the rejected ones' KV cells, and return the
+        hidden state to draft from next (None when not drafting)."""
+        if n_accepted < n_drafted:
+            self.ctx.seq_rm(self.seq_id, attn_pos + 2 + n_accepted, -1)
+        if not self.hidden:
+            return None
+        return self.ctx.get_embeddings(n_accepted if self.h_idx == "accepted" else n_drafted)

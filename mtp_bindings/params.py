@@ -1,0 +1,227 @@
+"""Every tunable parameter of the library, with its default and its bounds, defined once.
+
+Pure Python (no native import): the command line and the server build their flags and request
+schemas from these dataclasses (``dataclasses.fields(...)``; each field's ``metadata`` holds its
+bounds and help text), and the fast test tier imports it without the compiled extension.
+
+* :class:`SamplingParams` -- the sampler chain (llama.cpp's names and defaults, except
+  ``temperature``, which defaults to greedy).
+* :class:`DraftParams` -- the speculative loop: tokens drafted per round, depth-2 overlap,
+  the skip-streak threshold.
+* :class:`ContextParams` -- a llama.cpp context, including the flash-attention rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .exceptions import InvalidParameterError
+from .limits import DEFAULT_N_CTX
+
+# The C API's LLAMA_MTP_MAX_STEPS: the most tokens one MTP request drafts.
+DRAFT_N_MAX = 16
+SKIP_STREAK_MAX = 32
+THREADS_MAX = 512
+N_CTX_MAX = 1 << 24
+N_SEQ_MAX = 256
+
+# Types a KV cache may hold (our names -> ggml's enum names) and flash-attention modes.
+KV_TYPES = {
+    "f32": "GGML_TYPE_F32", "f16": "GGML_TYPE_F16", "bf16": "GGML_TYPE_BF16",
+    "q8_0": "GGML_TYPE_Q8_0", "q4_0": "GGML_TYPE_Q4_0", "q4_1": "GGML_TYPE_Q4_1",
+    "q5_0": "GGML_TYPE_Q5_0", "q5_1": "GGML_TYPE_Q5_1", "iq4_nl": "GGML_TYPE_IQ4_NL",
+}
+UNQUANTIZED_KV = ("f32", "f16", "bf16")
+FLASH_ATTN = {"auto": "LLAMA_FLASH_ATTN_TYPE_AUTO", "on": "LLAMA_FLASH_ATTN_TYPE_ENABLED",
+              "off": "LLAMA_FLASH_ATTN_TYPE_DISABLED"}
+
+
+def _bounds(lo: float | None = None, hi: float | None = None, help: str = "") -> dict[str, Any]:  # noqa: A002
+    return {"min": lo, "max": hi, "help": help}
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+
+def check_bounds(obj: object) -> None:
+    """Raise :class:`InvalidParameterError` for a field of ``obj`` (a dataclass of this module)
+    outside the ``min``/``max`` of its metadata; None passes where the default is None."""
+    for f in fields(obj):  # type: ignore[arg-type]
+        lo, hi = f.metadata.get("min"), f.metadata.get("max")
+        if lo is None and hi is None:
+            continue
+        v = getattr(obj, f.name)
+        if v is None and f.default is None:
+            continue
+        integral = f.metadata.get("int", False)
+        if not (_is_int(v) if integral else _is_number(v)) or (lo is not None and v < lo) or \
+                (hi is not None and v > hi):
+            none = " or None" if f.default is None else ""
+            if not integral:
+                want = f"a number in [{lo}, {hi}]"
+            elif hi is None:
+                want = "a non-negative int" if lo == 0 else f"an int >= {lo}"
+            else:
+                want = f"an int in {lo}..{hi}"
+            raise InvalidParameterError(f"{f.name} must be {want}{none}, got {v!r}")
+
+
+def _int(lo: int | None, hi: int | None, help: str) -> dict[str, Any]:  # noqa: A002
+    return {**_bounds(lo, hi, help), "int": True}
+
+
+# ------------------------------------------------------------------------------------------------
+# sampling
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampler settings (llama.cpp names and defaults, except ``temperature`` defaults to greedy)."""
+
+    temperature: float = field(default=0.0, metadata=_bounds(0.0, 100.0, "temperature (0: greedy)"))
+    top_k: int = field(default=40, metadata=_int(0, None, "keep the k most likely tokens (0: all)"))
+    top_p: float = field(default=1.0, metadata=_bounds(0.0, 1.0, "nucleus sampling mass (1: off)"))
+    min_p: float = field(default=0.0, metadata=_bounds(0.0, 1.0, "drop tokens below min_p x the top one"))
+    repeat_penalty: float = field(default=1.0, metadata=_bounds(0.0, 100.0, "penalty of repeated tokens"))
+    repeat_last_n: int = field(default=64, metadata=_int(0, None, "tokens the penalties look back over"))
+    presence_penalty: float = field(default=0.0, metadata=_bounds(-100.0, 100.0, "presence penalty"))
+    frequency_penalty: float = field(default=0.0, metadata=_bounds(-100.0, 100.0, "frequency penalty"))
+    seed: int | None = field(default=None, metadata=_int(0, None, "random seed (None: fresh)"))
+    logit_bias: dict[int, float] | None = None
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(
+                    _is_int(k) and k >= 0 and _is_number(v) for k, v in self.logit_bias.items()):
+                raise InvalidParameterError("logit_bias must map token ids (ints >= 0) to numbers")
+        if self.top_p == 0.0:
+            raise InvalidParameterError("top_p must be > 0")
+        if self.repeat_penalty == 0.0:
+            raise InvalidParameterError("repeat_penalty must be > 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0) \
+            and self.repeat_last_n > 0
+
+
+SAMPLING_DEFAULTS = SamplingParams()
+
+
+# ------------------------------------------------------------------------------------------------
+# drafting
+# ------------------------------------------------------------------------------------------------
+
+H_IDX_CHOICES = ("accepted", "last")
+
+
+@dataclass
+class DraftParams:
+    """Knobs of the speculative loop (see the README's table). ``h_idx="last"`` reproduces the
+    design's regression (tests only)."""
+
+    draft_n_max: int = field(default=3, metadata=_int(0, DRAFT_N_MAX, "tokens drafted per round (0: plain)"))
+    depth2: bool = True
+    skip_streak: int = field(default=0, metadata=_int(0, SKIP_STREAK_MAX, "skip a round after this many "
+                                                                        "zero-accept rounds (0: never)"))
+    h_idx: str = "accepted"
+    ignore_eos: bool = False
+
+    def validate(self) -> None:
+        check_bounds(self)
+        if self.h_idx not in H_IDX_CHOICES:
+            raise InvalidParameterError(f"h_idx must be 'accepted' or 'last', got {self.h_idx!r}")
+
+
+def check_draft_overrides(draft_n_max: int | None = None, skip_streak: int | None = None) -> None:
+    """Validate optional draft settings (None: the preset's) against :class:`DraftParams`' bounds."""
+    check_bounds(DraftParams(draft_n_max=0 if draft_n_max is None else draft_n_max,
+                             skip_streak=0 if skip_streak is None else skip_streak))
+
+
+# ------------------------------------------------------------------------------------------------
+# contexts
+# ------------------------------------------------------------------------------------------------
+
+def resolve_flash_attn(flash_attn: str, type_v: str) -> str:
+    """``auto`` means off unless the V cache is quantized (which needs flash attention).
+
+    Why off: speculative verification decodes k+1 tokens at once and must give the logits a
+    one-token decode gives. Without flash attention llama.cpp's CPU path agrees to ~1e-6
+    between the two; its CPU flash attention does not (2.7e-3 measured on the keqv fixture),
+    which flips greedy near-ties and breaks "MTP output == plain output"."""
+    if flash_attn != "auto":
+        return flash_attn
+    return "on" if type_v not in UNQUANTIZED_KV else "off"
+
+
+@dataclass
+class ContextParams:
+    """Parameters of a context (llama.cpp's names; validated on creation)."""
+
+    n_ctx: int = field(default=DEFAULT_N_CTX, metadata=_int(1, N_CTX_MAX, "context window, tokens"))
+    n_batch: int = field(default=512, metadata=_int(1, None, "logical batch size"))
+    n_ubatch: int = field(default=512, metadata=_int(1, None, "physical batch size"))
+    n_seq_max: int = field(default=1, metadata=_int(1, N_SEQ_MAX, "sequences"))
+    n_threads: int | None = field(default=None, metadata=_int(1, THREADS_MAX, "compute threads"))
+    n_threads_batch: int | None = field(default=None, metadata=_int(1, THREADS_MAX, "prompt threads"))
+    embeddings: bool = False
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: str = "auto"
+    offload_kqv: bool = True
+    # compute with the part of the thread budget other work leaves free (see Context.adapt_threads);
+    # None: adapt exactly when n_threads is not given
+    adapt_threads: bool | None = None
+
+    @property
+    def adapts_threads(self) -> bool:
+        return (self.n_threads is None and self.n_threads_batch is None) if self.adapt_threads is None \
+            else bool(self.adapt_threads)
+
+    def validate(self) -> None:
+        for name in ("n_ctx", "n_batch", "n_ubatch", "n_seq_max"):
+            v = getattr(self, name)
+            if not _is_int(v) or v <= 0:
+                raise InvalidParameterError(f"{name} must be a positive int, got {v!r}")
+        if self.n_ctx > N_CTX_MAX:
+            raise InvalidParameterError(f"n_ctx {self.n_ctx} is unreasonably large")
+        if self.n_seq_max > N_SEQ_MAX:
+            raise InvalidParameterError(f"n_seq_max must be <= {N_SEQ_MAX}, got {self.n_seq_max}")
+        if self.n_ubatch > self.n_batch:
+            raise InvalidParameterError(f"n_ubatch ({self.n_ubatch}) must be <= n_batch ({self.n_batch})")
+        for name in ("n_threads", "n_threads_batch"):
+            v = getattr(self, name)
+            if v is not None and not valid_thread_count(v):
+                raise InvalidParameterError(f"{name} must be an int in 1..{THREADS_MAX} or None, got {v!r}")
+        if self.adapt_threads is not None and not isinstance(self.adapt_threads, bool):
+            raise InvalidParameterError(f"adapt_threads must be a bool or None, got {self.adapt_threads!r}")
+        for name in ("type_k", "type_v"):
+            v = getattr(self, name)
+            if v not in KV_TYPES:
+                raise InvalidParameterError(f"{name} must be one of {sorted(KV_TYPES)}, got {v!r}")
+        if self.flash_attn not in FLASH_ATTN:
+            raise InvalidParameterError(f"flash_attn must be one of {sorted(FLASH_ATTN)}, got {self.flash_attn!r}")
+        if self.type_v not in UNQUANTIZED_KV and self.flash_attn == "off":
+            raise InvalidParameterError("a quantized V cache needs flash_attn 'on' or 'auto'")
+
+    @property
+    def resolved_flash_attn(self) -> str:
+        """The flash-attention mode this context gets (see :func:`resolve_flash_attn`)."""
+        return resolve_flash_attn(self.flash_attn, self.type_v)
+
+
+def valid_thread_count(v: object) -> bool:
+    """Whether ``v`` is a thread count the library accepts (an int in 1..THREADS_MAX)."""
+    return _is_int(v) and 1 <= v <= THREADS_MAX  # type: ignore[operator]
