@@ -23,6 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a few minutes: KV f16, 128 tokens, 2 runs")
     g.add_argument("--smoke", dest="mode", action="store_const", const="smoke", help="seconds (tests)")
     p.set_defaults(mode="full")
+    p.add_argument("--pair", choices=["e2b", "tiny"], default=None,
+                   help="e2b (default): the bundled pair scaled to Gemma 4 E2B's shapes (mtp-bindings scale-pair; "
+                        "built on first use, then cached), ours on its centroid head, upstream on its dense head; "
+                        "tiny: the bundled trained pair (the default with -m/-md)")
     p.add_argument("--parts", default=None, help="comma list of inproc,http,cost,driver (default: inproc,http,cost; "
                                                  "inproc and http include driver)")
     p.add_argument("-m", "--model", dest="target", type=Path, default=None, help="target GGUF (default: the bundled trained pair)")
@@ -57,9 +61,15 @@ def _reexec_with_omp_policy(policy: str) -> None:
     os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
+def _default_out_dir(pair: str, mode: str) -> Path:
+    """``bench/results/<pair>[/<mode>]`` in a checkout, else ``bench-results/...`` here."""
+    out = (Path("bench/results") if Path("bench").is_dir() else Path("bench-results")) / pair
+    return out if mode == "full" else out / mode
+
+
 def main_args(args: argparse.Namespace, command: str) -> int:
     if args.report_only:
-        out = args.out_dir or (Path("bench/results") / ("" if args.mode == "full" else args.mode))
+        out = args.out_dir or _default_out_dir(args.pair or "e2b", args.mode)
         rerender(out.resolve())
         print((out / "bench.md").read_text())
         return 0
@@ -69,12 +79,11 @@ def main_args(args: argparse.Namespace, command: str) -> int:
     if parts and not set(parts) <= {"inproc", "http", "cost", "driver"}:
         raise InvalidParameterError(f"--parts: unknown part in {args.parts!r} (inproc, http, cost; driver: only the "
                                     "driver time, its profiles and the matrix pair's costs)")
-    out_dir = args.out_dir
-    if out_dir is None:
-        out_dir = Path("bench/results") if Path("bench").is_dir() else Path("bench-results")
-        if args.mode != "full":
-            out_dir = out_dir / args.mode
-    cfg = config_for(args.mode, target=args.target, assistant=args.assistant, threads=args.threads, runs=args.runs,
+    pair = args.pair or ("tiny" if args.target or args.assistant or args.mode == "smoke" else "e2b")
+    if pair == "e2b" and (args.target or args.assistant):
+        raise InvalidParameterError("--pair e2b builds its own files: drop -m/-md, or use --pair tiny")
+    out_dir = args.out_dir or _default_out_dir(pair, args.mode)
+    cfg = config_for(args.mode, pair, target=args.target, assistant=args.assistant, threads=args.threads, runs=args.runs,
                      out_dir=out_dir, cost_cache=args.cost_cache, prompt=args.prompt, plots=args.plots, parts=parts,
                      nice=args.nice, omp_wait_policy=args.omp_wait_policy)
     result = run(cfg, command=command)

@@ -41,11 +41,34 @@ def log(msg: str) -> None:
 # configuration
 # ================================================================================================
 
+@dataclass(frozen=True)
+class Setup:
+    """One group of cells of the matrix: the files every system uses and the KV cache type.
+    ``assistant`` is ours (the centroid head on the E2B pair); upstream gets ``upstream_assistant``
+    (the dense head, as its converter writes it: upstream's drafter has no centroid head, and our
+    patch 0003 would quietly give the bundled llama-server ours on a centroid file); ``dense_assistant``
+    runs our driver with the dense head too (acceptance compared with upstream's, same weights)."""
+
+    name: str
+    target: Path
+    assistant: Path
+    upstream_assistant: Path
+    dense_assistant: Path | None
+    kv: str
+
+
 @dataclass
 class BenchConfig:
     """What one benchmark run measures (see :func:`config_for`)."""
 
     mode: str = "full"
+    # "e2b": the bundled pair scaled to Gemma 4 E2B's shapes (mtp_bindings.scale_pair), one setup per
+    # weight type; "tiny": the bundled trained pair (or -m/-md), one setup per KV type
+    pair: str = "tiny"
+    weights: tuple[str, ...] = ("q4_K", "q8_0")   # e2b: target/assistant weight types (q4_K: Q4_K_M mix)
+    depth2_ns: tuple[int, ...] | None = None       # draft_n measured with depth2 on (None: all of draft_ns)
+    dense_ns: tuple[int, ...] = ()                 # e2b: draft_n measured with our driver on the dense head
+    http_ns: tuple[int, ...] | None = None         # draft_n measured over HTTP (None: all)
     target: Path = BUNDLED / "trained-target.gguf"
     assistant: Path = BUNDLED / "trained-assistant.gguf"
     out_dir: Path = Path("bench/results")
@@ -76,9 +99,14 @@ class BenchConfig:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
 
 
-def config_for(mode: str, **overrides: Any) -> BenchConfig:
-    """``full`` (issue 6's matrix), ``quick`` (a few minutes) or ``smoke`` (seconds, for tests)."""
-    if mode == "full":
+def config_for(mode: str, pair: str = "tiny", **overrides: Any) -> BenchConfig:
+    """``full`` (issue 6's matrix), ``quick`` (a few minutes) or ``smoke`` (seconds, for tests), on the
+    ``e2b`` pair (issue 13: the main pair) or the ``tiny`` bundled one."""
+    if pair == "e2b" and mode in ("full", "quick"):
+        cfg = _e2b_config(mode)
+    elif pair not in ("e2b", "tiny"):
+        raise ValueError(f"unknown pair {pair!r}")
+    elif mode == "full":
         cfg = BenchConfig()
     elif mode == "quick":
         cfg = BenchConfig(mode="quick", runs=2, kv_types=("f16",), outputs=(128,), cost_rounds=3,
@@ -95,3 +123,27 @@ def config_for(mode: str, **overrides: Any) -> BenchConfig:
     for k in ("target", "assistant", "out_dir", "cost_cache"):  # servers run elsewhere (cwd)
         setattr(cfg, k, Path(getattr(cfg, k)).resolve())
     return cfg
+
+
+def _e2b_config(mode: str) -> BenchConfig:
+    """The main pair (issue 13). Quick (< 10 min): the q4_K (Q4_K_M) pair, 128 tokens, draft_n 1..3,
+    one run. Full (< 60 min): q4_K and q8_0, 128 and 512 tokens, draft_n 1..4 (depth2 on and the dense
+    head at 2..3 only: the grid would not fit the hour), 2 runs."""
+    common = dict(pair="e2b", kv_types=("f16",), temperatures=(0.0, 0.7), parts=("inproc", "http"), pyspy_seconds=0.0,
+                  n_ctx=1024)
+    if mode == "quick":
+        return BenchConfig(mode="quick", weights=("q4_K",), runs=1, draft_ns=(1, 2, 3), depth2_ns=(3,),
+                           dense_ns=(1, 2, 3), http_ns=(3,), outputs=(128,), **common)
+    return BenchConfig(mode="full", weights=("q4_K", "q8_0"), runs=2, draft_ns=(1, 2, 3, 4), depth2_ns=(2, 3),
+                       dense_ns=(2, 3), http_ns=(2, 3), outputs=(128, 512), **common)
+
+
+def setups(cfg: BenchConfig) -> list[Setup]:
+    """The setups of ``cfg``; on the E2B pair the files are built on first use (minutes) and cached."""
+    if cfg.pair != "e2b":
+        return [Setup(f"KV {kv}", cfg.target, cfg.assistant, cfg.assistant, None, kv) for kv in cfg.kv_types]
+    from ..scale_pair import ScaleConfig, scale_pair
+
+    sp = scale_pair(ScaleConfig(), types=cfg.weights, progress=True)
+    return [Setup(f"{w} weights", sp.target[w], sp.centroid[w], sp.dense[w], sp.dense[w], kv)
+            for w in cfg.weights for kv in cfg.kv_types]
