@@ -237,6 +237,21 @@ def test_every_unsupported_flag_is_refused_by_every_command_that_lacks_it():
                                  ("generate", "-f")]
 
 
+def test_flag_defaults_are_the_librarys():
+    from mtp_bindings.cli import build_parser
+    from mtp_bindings.params import SAMPLING_DEFAULTS, ContextParams
+
+    args = build_parser().parse_args(["generate", "-p", "x"])
+    flags = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+             "repeat_penalty": "repeat_penalty", "repeat_last_n": "repeat_last_n",
+             "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
+    for dest, param in flags.items():
+        assert getattr(args, dest) == getattr(SAMPLING_DEFAULTS, param), dest
+    context = ContextParams()
+    assert (args.cache_type_k, args.cache_type_v, args.flash_attn) == \
+        (context.type_k, context.type_v, context.flash_attn)
+
+
 def test_ngl_seed_minus_one_and_no_mmap_are_accepted():
     out = run("generate", "-p", "x", "-n", "2", "-ngl", "99", "--seed", "-1", "--temp", "0.8", "--no-mmap")
     assert out.returncode == 0, out.stderr

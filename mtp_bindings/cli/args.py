@@ -1,8 +1,10 @@
 """The flag groups several commands share: the model and its context, sampling, drafting.
 
 One job: declare those flags once, with llama.cpp's spellings, so that ``generate``, ``chat``,
-``serve`` and ``demo`` read them alike. The loaded values become library arguments in
-:mod:`.session` and :mod:`.generate`.
+``serve`` and ``demo`` read them alike. Defaults and choices come from the library's one source
+(:mod:`mtp_bindings.params`, :mod:`mtp_bindings.limits`, :mod:`mtp_bindings.presets`), never a
+second copy; bounds are the library's too (its errors name the flag, see :func:`.flags.name_flags`).
+The loaded values become library arguments in :mod:`.session` and :mod:`.generate`.
 """
 
 from __future__ import annotations
@@ -10,8 +12,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..limits import CLI_N_PREDICT, UNTIL_FULL
-from ..presets import PRESETS
+from ..limits import CLI_N_PREDICT, DEFAULT_N_CTX, UNTIL_FULL
+from ..params import FLASH_ATTN, SAMPLING_DEFAULTS, ContextParams
+from ..presets import DEFAULT_PRESET, PRESETS
+
+CONTEXT_DEFAULTS = ContextParams()
 
 
 def add_model_args(p: argparse.ArgumentParser, *, no_mtp: bool = True) -> None:
@@ -24,7 +29,7 @@ def add_model_args(p: argparse.ArgumentParser, *, no_mtp: bool = True) -> None:
     if no_mtp:
         p.add_argument("--no-mtp", action="store_true", help="attach no assistant: plain decoding")
     p.add_argument("-c", "--ctx-size", type=int, default=None,
-                   help="context size in tokens (default: the model's training context, at most 4096; "
+                   help=f"context size in tokens (default: the model's training context, at most {DEFAULT_N_CTX}; "
                         "0: the whole training context)")
     p.add_argument("-t", "--threads", type=int, default=None,
                    help="compute threads, fixed (default: the CPUs this process may use, at most 8, less those "
@@ -33,11 +38,14 @@ def add_model_args(p: argparse.ArgumentParser, *, no_mtp: bool = True) -> None:
     p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", type=int, default=0,
                    help="layers to offload to a GPU (-1: all; default 0; a CPU-only build ignores it)")
     p.add_argument("--no-mmap", action="store_true", help="read the model into memory instead of mapping it")
-    p.add_argument("-ctk", "--cache-type-k", default="f16", help="KV cache type of K: f16 (default), q8_0, ...")
-    p.add_argument("-ctv", "--cache-type-v", default="f16",
-                   help="KV cache type of V: f16 (default), q8_0, ... (a quantized V needs flash attention)")
-    p.add_argument("-fa", "--flash-attn", default="auto", choices=["on", "off", "auto"],
-                   help="flash attention (default auto: on only for a quantized V cache)")
+    p.add_argument("-ctk", "--cache-type-k", default=CONTEXT_DEFAULTS.type_k,
+                   help=f"KV cache type of K: f16, q8_0, ... (default {CONTEXT_DEFAULTS.type_k})")
+    p.add_argument("-ctv", "--cache-type-v", default=CONTEXT_DEFAULTS.type_v,
+                   help=f"KV cache type of V: f16, q8_0, ... (default {CONTEXT_DEFAULTS.type_v}; a quantized V "
+                        "needs flash attention)")
+    p.add_argument("-fa", "--flash-attn", default=CONTEXT_DEFAULTS.flash_attn, choices=sorted(FLASH_ATTN),
+                   help=f"flash attention (default {CONTEXT_DEFAULTS.flash_attn}; auto: on only for a quantized "
+                        "V cache)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="show what is loaded (model, assistant and its head type) and llama.cpp's load log "
                         "(buffers, metadata)")
@@ -47,15 +55,23 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--n-predict", type=int, default=CLI_N_PREDICT,
                    help=f"tokens to generate (default {CLI_N_PREDICT}; {UNTIL_FULL}: until the end of the text or "
                         "a full context)")
-    p.add_argument("--temp", type=float, default=0.0, help="temperature (default 0: greedy)")
-    p.add_argument("--top-k", type=int, default=40, help="keep the k most likely tokens (default 40; 0: all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (default 1.0: off)")
-    p.add_argument("--min-p", type=float, default=0.0,
-                   help="drop tokens below this fraction of the top token's probability (default 0: off)")
-    p.add_argument("--repeat-penalty", type=float, default=1.0, help="repetition penalty (default 1.0: off)")
-    p.add_argument("--repeat-last-n", type=int, default=64, help="tokens the penalties look back over (default 64)")
-    p.add_argument("--presence-penalty", type=float, default=0.0, help="presence penalty (default 0: off)")
-    p.add_argument("--frequency-penalty", type=float, default=0.0, help="frequency penalty (default 0: off)")
+    d = SAMPLING_DEFAULTS
+    p.add_argument("--temp", type=float, default=d.temperature,
+                   help=f"temperature (default {d.temperature:g}; 0: greedy)")
+    p.add_argument("--top-k", type=int, default=d.top_k,
+                   help=f"keep the k most likely tokens (default {d.top_k}; 0: all)")
+    p.add_argument("--top-p", type=float, default=d.top_p,
+                   help=f"nucleus sampling threshold (default {d.top_p:g}; 1: off)")
+    p.add_argument("--min-p", type=float, default=d.min_p,
+                   help=f"drop tokens below this fraction of the top token's probability (default {d.min_p:g}; 0: off)")
+    p.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty,
+                   help=f"repetition penalty (default {d.repeat_penalty:g}; 1: off)")
+    p.add_argument("--repeat-last-n", type=int, default=d.repeat_last_n,
+                   help=f"tokens the penalties look back over (default {d.repeat_last_n})")
+    p.add_argument("--presence-penalty", type=float, default=d.presence_penalty,
+                   help=f"presence penalty (default {d.presence_penalty:g}; 0: off)")
+    p.add_argument("--frequency-penalty", type=float, default=d.frequency_penalty,
+                   help=f"frequency penalty (default {d.frequency_penalty:g}; 0: off)")
     p.add_argument("-s", "--seed", type=int, default=None, help="random seed (default and -1: a random seed)")
     p.add_argument("--stop", action="append", default=None, help="stop at this string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-text tokens")
@@ -66,7 +82,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_drafting_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="MTP preset (default: lift)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help=f"MTP preset (default: {DEFAULT_PRESET})")
     p.add_argument("--no-depth2", action="store_true", help="draft synchronously (A/B of the overlap)")
     p.add_argument("--skip-streak", type=int, default=None,
-                   help="after N rounds in a row with nothing accepted, skip drafting one round (default 0: off)")
+                   help="after N rounds in a row with nothing accepted, skip drafting one round (default: the "
+                        "preset's; 0: off)")

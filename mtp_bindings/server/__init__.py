@@ -13,7 +13,7 @@ Endpoints:
   ``predicted_per_second``, ``draft_n``, ``draft_n_accepted``).
 * ``GET /v1/models``, ``GET /health`` (never needs the API key), ``GET /metrics`` (Prometheus text).
 
-Requests take the OpenAI fields that map onto :func:`~mtp_bindings.speculative.generate`
+Requests take the OpenAI fields that map onto :func:`~mtp_bindings.generation.driver.generate`
 (``max_tokens``/``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``,
 ``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``stream``,
 ``stream_options.include_usage``; ``n`` must be 1) and llama-server's extras (``top_k``, ``min_p``, ``repeat_penalty``,

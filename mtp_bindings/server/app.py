@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..exceptions import InvalidParameterError
 from ..limits import SERVER_N_PREDICT
+from ..params import ContextParams
 from ..threads import threads_per_slot
 from .auth import BearerKey
 from .errors import APIError
@@ -32,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 DEFAULT_N_PREDICT = SERVER_N_PREDICT  # tokens of a request that sets no limit (-1: until the context is full)
+_CONTEXT = ContextParams()  # the library's context defaults
 
 
 def create_app(
@@ -40,12 +42,12 @@ def create_app(
     model_name: str,
     api_key: str | None = None,
     n_slots: int = 1,
-    n_ctx: int = 4096,
+    n_ctx: int = _CONTEXT.n_ctx,
     n_predict: int = DEFAULT_N_PREDICT,
     n_threads: int | None = None,
-    type_k: str = "f16",
-    type_v: str = "f16",
-    flash_attn: str = "auto",
+    type_k: str = _CONTEXT.type_k,
+    type_v: str = _CONTEXT.type_v,
+    flash_attn: str = _CONTEXT.flash_attn,
     draft_n_max: int | None = None,
     preset: str | None = None,
     depth2: bool | None = None,

@@ -43,7 +43,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
-    from ..speculative import GenerationStats
+    from ..generation.stats import GenerationStats
 
 ACCEPTANCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 # the text format generate_latest writes (spelled out: prometheus_client < 0.21 has no constant for it)

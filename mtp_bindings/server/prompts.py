@@ -1,29 +1,19 @@
 """Prompts as tokens: how a chat's messages or a completion's prompt becomes the token ids a
 slot generates from.
 
-One job: tokenize exactly as :func:`~mtp_bindings.speculative.chat` and
-:func:`~mtp_bindings.speculative.generate` do in-process, so the server's output equals the
-library's for the same request.
+One job: tokenize exactly as :func:`~mtp_bindings.generation.driver.chat` and
+:func:`~mtp_bindings.generation.driver.generate` do in-process, so the server's output equals the
+library's for the same request: chats by the library's one rule
+(:func:`mtp_bindings.chat_template.chat_tokens`), text prompts as ``generate`` tokenizes them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..exceptions import InvalidParameterError
+from ..chat_template import chat_tokens
 
-
-def chat_tokens(model: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Render with the GGUF's chat template and tokenize as :func:`speculative.chat` does."""
-    import jinja2
-
-    from ..chat_template import render_chat
-
-    try:
-        text = render_chat(model, messages)
-    except jinja2.TemplateError as e:
-        raise InvalidParameterError(f"the chat template failed on these messages: {e}") from e
-    return model.tokenize(text, add_special=False, parse_special=True)
+__all__ = ["chat_tokens", "completion_tokens"]
 
 
 def completion_tokens(model: Any, prompt: str | list[str] | list[int]) -> list[int]:

@@ -1,6 +1,6 @@
 """The bodies of the generation responses, in OpenAI's shapes plus llama-server's ``timings``.
 
-One job: turn text and :class:`~mtp_bindings.speculative.GenerationStats` into JSON-ready
+One job: turn text and :class:`~mtp_bindings.generation.stats.GenerationStats` into JSON-ready
 dicts: the whole response, each stream chunk and the closing chunk(s). Nothing here does I/O.
 """
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 
 if TYPE_CHECKING:
-    from ..speculative import GenerationStats
+    from ..generation.stats import GenerationStats
 
 FINGERPRINT = f"mtp-bindings-{__version__}"
 

@@ -2,22 +2,65 @@
 
 One job: say what a valid request is. Field names are OpenAI's, plus llama-server's extras;
 types are strict (``"0.5"`` is not a number, ``true`` is not an int) so that a client bug is a
-400 rather than a silently different generation, and ``null`` means "the default". Bounds come
-from :mod:`.defaults` (one source with the library). :func:`parse_body` turns bad JSON and
-validation errors into OpenAI-style 400s.
+400 rather than a silently different generation, and ``null`` means "the default".
+:func:`parse_body` turns bad JSON and validation errors into OpenAI-style 400s.
+
+Bounds have one source: a field that is a library parameter takes its range from
+:mod:`mtp_bindings.params` (:func:`library_range`), narrowed only where OpenAI documents a
+narrower one (temperature 0..2, penalties -2..2). The request-only rules are here: ``-1`` for
+llama.cpp's "random seed" and "the whole context" (``seed``, ``repeat_last_n``), ``logit_bias``
+in OpenAI's -100..100, at most 16 stop strings, one choice.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import fields
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ..exceptions import InvalidParameterError
+from ..params import DraftParams, SamplingParams
 from .errors import APIError
 
 _STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+OPENAI_TEMPERATURE_MAX = 2.0  # OpenAI's documented ranges, narrower than the library's
+OPENAI_PENALTY_RANGE = (-2.0, 2.0)
+
+
+def library_range(cls: type, name: str, lo: float | None = None, hi: float | None = None) -> dict[str, float]:
+    """pydantic bounds (``ge``/``gt``, ``le``) for a request field that is the library's parameter
+    ``name`` of ``cls`` (a dataclass of :mod:`mtp_bindings.params`): the ``min``/``max`` of its
+    metadata, with ``lo``/``hi`` narrowing them. A minimum is exclusive when the library refuses
+    the minimum itself (``top_p`` 0): the library, not a second table here, says so."""
+    meta = next(f.metadata for f in fields(cls) if f.name == name)
+    bounds: dict[str, float] = {}
+    low = meta.get("min") if lo is None else lo
+    if low is not None:
+        bounds["gt" if low == meta.get("min") and not _accepts(cls, name, low) else "ge"] = low
+    high = meta.get("max") if hi is None else hi
+    if high is not None:
+        bounds["le"] = high
+    return bounds
+
+
+def _accepts(cls: type, name: str, value: float) -> bool:
+    try:
+        obj = cls(**{name: value})
+        getattr(obj, "validate", lambda: None)()
+    except InvalidParameterError:
+        return False
+    return True
+
+
+def _sampling(name: str, **narrow: float) -> Any:
+    return Field(None, **library_range(SamplingParams, name, **narrow))
+
+
+def _draft_n_max(**kwargs: Any) -> Any:
+    return Field(None, **kwargs, **library_range(DraftParams, "draft_n_max"))
 
 
 class StreamOptions(BaseModel):
@@ -29,7 +72,7 @@ class SpeculativeOptions(BaseModel):
     """llama-server's ``speculative`` object; only ``n_max`` is used (``n_min``/``p_min`` ignored)."""
 
     model_config = _STRICT
-    n_max: int | None = Field(None, ge=0, le=16)
+    n_max: int | None = _draft_n_max()
 
 
 class GenerationRequest(BaseModel):
@@ -43,23 +86,25 @@ class GenerationRequest(BaseModel):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     n_predict: int | None = Field(None, ge=-1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    repeat_penalty: float | None = Field(None, gt=0.0, le=100.0)
-    repeat_last_n: int | None = Field(None, ge=-1)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    seed: int | None = Field(None, ge=-1, le=2**63 - 1)
+    temperature: float | None = _sampling("temperature", hi=OPENAI_TEMPERATURE_MAX)
+    top_p: float | None = _sampling("top_p")
+    top_k: int | None = _sampling("top_k")
+    min_p: float | None = _sampling("min_p")
+    repeat_penalty: float | None = _sampling("repeat_penalty")
+    repeat_last_n: int | None = _sampling("repeat_last_n", lo=-1)  # -1: the whole context
+    presence_penalty: float | None = _sampling("presence_penalty", lo=OPENAI_PENALTY_RANGE[0],
+                                               hi=OPENAI_PENALTY_RANGE[1])
+    frequency_penalty: float | None = _sampling("frequency_penalty", lo=OPENAI_PENALTY_RANGE[0],
+                                                hi=OPENAI_PENALTY_RANGE[1])
+    seed: int | None = _sampling("seed", lo=-1, hi=2**63 - 1)  # -1: a random seed; at most int64's
     stop: str | list[str] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     n: int | None = None
     logit_bias: dict[str, float] | None = None
-    draft_n_max: int | None = Field(None, ge=0, le=16)
+    draft_n_max: int | None = _draft_n_max()
     speculative: SpeculativeOptions | None = None
-    speculative_n_max: int | None = Field(None, alias="speculative.n_max", ge=0, le=16)
+    speculative_n_max: int | None = _draft_n_max(alias="speculative.n_max")
 
     @field_validator("n")
     @classmethod

@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..exceptions import MTPBindingsError
-from ..speculative import GenerationStats, generate
+from ..generation.driver import generate
+from ..generation.stats import GenerationStats
 from .errors import APIError
 from .metrics import ServerMetrics
 

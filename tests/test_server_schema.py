@@ -1,0 +1,73 @@
+"""The server's request schema takes its bounds and defaults from the library's one source
+(:mod:`mtp_bindings.params`), in process, without a model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from mtp_bindings.exceptions import InvalidParameterError
+from mtp_bindings.params import DRAFT_N_MAX, SAMPLING_DEFAULTS, SamplingParams
+from mtp_bindings.server import CompletionRequest, DraftDefaults, generation_kwargs
+
+VALUES = [-101.0, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 64.0, 100.0, 100.5]
+
+
+def server_accepts(**fields: Any) -> bool:
+    try:
+        CompletionRequest.model_validate({"prompt": "x", **fields})
+    except ValidationError:
+        return False
+    return True
+
+
+def library_accepts(**fields: Any) -> bool:
+    try:
+        SamplingParams(**fields)
+    except InvalidParameterError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", ["top_p", "min_p", "repeat_penalty"])
+def test_a_sampling_value_is_refused_exactly_when_the_library_refuses_it(name: str) -> None:
+    for v in VALUES:
+        assert server_accepts(**{name: v}) == library_accepts(**{name: v}), (name, v)
+
+
+@pytest.mark.parametrize("name", ["top_k", "repeat_last_n"])
+def test_a_count_is_refused_exactly_when_the_library_refuses_it_or_is_minus_one(name: str) -> None:
+    for v in (-2, -1, 0, 1, 40, 10**6):
+        expected = library_accepts(**{name: v}) or (name == "repeat_last_n" and v == -1)  # -1: the whole context
+        assert server_accepts(**{name: v}) == expected, (name, v)
+
+
+@pytest.mark.parametrize("name, lo, hi", [("temperature", 0.0, 2.0), ("presence_penalty", -2.0, 2.0),
+                                          ("frequency_penalty", -2.0, 2.0)])
+def test_openai_ranges_narrow_the_librarys(name: str, lo: float, hi: float) -> None:
+    for v in VALUES:
+        assert server_accepts(**{name: v}) == (library_accepts(**{name: v}) and lo <= v <= hi), (name, v)
+
+
+@pytest.mark.parametrize("body", [lambda n: {"draft_n_max": n}, lambda n: {"speculative.n_max": n},
+                                  lambda n: {"speculative": {"n_max": n}}], ids=["flat", "dotted", "nested"])
+def test_draft_n_max_goes_up_to_the_librarys_maximum(body: Any) -> None:
+    assert server_accepts(**body(DRAFT_N_MAX)) and server_accepts(**body(0))
+    assert not server_accepts(**body(DRAFT_N_MAX + 1)) and not server_accepts(**body(-1))
+
+
+def test_a_request_that_sets_nothing_gets_the_librarys_defaults_and_openais_temperature() -> None:
+    kwargs = generation_kwargs(CompletionRequest.model_validate({"prompt": "x"}), DraftDefaults(), n_prompt=1,
+                               n_ctx=100, n_vocab=10)
+    for name in ("top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
+                 "frequency_penalty"):
+        assert kwargs[name] == getattr(SAMPLING_DEFAULTS, name), name
+    assert kwargs["temperature"] == 1.0
+
+
+def test_server_drafting_defaults_are_checked_against_the_librarys_bounds() -> None:
+    DraftDefaults(draft_n_max=DRAFT_N_MAX).validate()
+    with pytest.raises(InvalidParameterError, match="draft_n_max"):
+        DraftDefaults(draft_n_max=DRAFT_N_MAX + 1).validate()
