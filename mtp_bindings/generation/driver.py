@@ -5,6 +5,7 @@ round loop and assemble its tokens into a result or a stream of text pieces.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -43,21 +44,29 @@ def draft_params(draft_n_max: int | None = None, depth2: bool | None = None, ski
     return opts
 
 
+def sampling_params(base: SamplingParams | None = None, **given: Any) -> SamplingParams:
+    """``base`` (default: :class:`SamplingParams`' defaults) with the settings in ``given`` that
+    are not None."""
+    chosen = {name: value for name, value in given.items() if value is not None}
+    return dataclasses.replace(base or SamplingParams(), **chosen)
+
+
 def generate(
     model: LlamaModel,
     prompt: str | Sequence[int],
     *,
     max_tokens: int = 128,
-    temperature: float = 0.0,
-    top_k: int = 40,
-    top_p: float = 1.0,
-    min_p: float = 0.0,
-    repeat_penalty: float = 1.0,
-    repeat_last_n: int = 64,
-    presence_penalty: float = 0.0,
-    frequency_penalty: float = 0.0,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    repeat_penalty: float | None = None,
+    repeat_last_n: int | None = None,
+    presence_penalty: float | None = None,
+    frequency_penalty: float | None = None,
     seed: int | None = None,
     logit_bias: dict[int, float] | None = None,
+    sampling: SamplingParams | None = None,
     stop: str | Sequence[str] | None = None,
     draft_n_max: int | None = None,
     preset: str | None = None,
@@ -77,7 +86,9 @@ def generate(
 
     Sampling: ``temperature`` (0 = greedy), ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``
     over the last ``repeat_last_n`` tokens, ``presence_penalty``, ``frequency_penalty``, ``seed``,
-    ``logit_bias`` (token id -> added logit).
+    ``logit_bias`` (token id -> added logit); each left None takes
+    :class:`~mtp_bindings.params.SamplingParams`' default, or ``sampling``'s value when a whole
+    ``SamplingParams`` is given.
     Drafting: ``draft_n_max`` tokens per round (0 = plain decoding; default from ``preset``,
     see :mod:`.presets`), ``depth2`` overlap (default on; ``LLAMA_PIPELINE_DEPTH2=0`` turns it
     off), ``skip_streak`` threshold (``LLAMA_MTP_SKIP_STREAK_THRESHOLD``), ``trace`` (a path, a
@@ -96,10 +107,11 @@ def generate(
         raise InvalidParameterError(f"max_tokens must be a non-negative int, got {max_tokens!r}")
     if not isinstance(prompt, (str, Sequence, np.ndarray)) or isinstance(prompt, (bytes, bytearray)):
         raise InvalidParameterError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
-    sp = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed,
-                        logit_bias=logit_bias)
+    sp = sampling_params(sampling, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                         presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed,
+                         logit_bias=logit_bias)
+    logit_bias = sp.logit_bias
     opts = draft_params(draft_n_max, depth2, skip_streak, preset, h_idx, ignore_eos)
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if not all(isinstance(s, str) for s in stops):
