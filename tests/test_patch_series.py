@@ -1,0 +1,48 @@
+"""The patch series as text (no compiled extension): every patch has a header, the header's diffstat is
+the diff's, and patches/README.md's table is what tools/patch_readme.py generates from the series."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
+import patch_readme  # noqa: E402
+
+PATCHES = patch_readme.series()
+
+
+def test_the_series_is_not_empty():
+    assert len(PATCHES) >= 10
+
+
+def test_readme_patch_table_is_current():
+    readme = patch_readme.README.read_text()
+    assert patch_readme.render(readme, patch_readme.table()) == readme, \
+        "patches/README.md's table is stale: run python tools/patch_readme.py"
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
+def test_every_patch_has_a_header(patch):
+    header = patch_readme.parse_header(patch.read_text())
+    assert header.subject, "no subject line"
+    assert header.why, "no paragraph between the subject line and the diffstat"
+    assert header.summary is not None, "no diffstat (`git diff --stat`) before the diff"
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
+def test_patch_header_diffstat_matches_its_diff(patch):
+    text = patch.read_text()
+    assert patch_readme.parse_header(text).summary == patch_readme.diff_summary(text)
+
+
+def test_a_patch_without_header_is_detected():
+    header = patch_readme.parse_header("--- a/x.c\n+++ b/x.c\n@@ -1 +1 @@\n-a\n+b\n")
+    assert not header.subject and not header.why and header.summary is None
+
+
+def test_render_keeps_the_text_around_the_table():
+    readme = "# title\n\nintro\n\n| a |\n|---|\n| old |\n\nbelow\n"
+    assert patch_readme.render(readme, "| a |\n|---|\n| new |") == "# title\n\nintro\n\n| a |\n|---|\n| new |\n\nbelow\n"
