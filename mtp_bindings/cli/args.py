@@ -17,6 +17,21 @@ from ..params import FLASH_ATTN, SAMPLING_DEFAULTS, ContextParams
 from ..presets import DEFAULT_PRESET, PRESETS
 
 CONTEXT_DEFAULTS = ContextParams()
+# (llama.cpp's flag, the library's sampling parameter it sets, its type, what it does); the default
+# is the library's (SAMPLING_DEFAULTS)
+SAMPLING_FLAGS = (
+    ("--temp", "temperature", float, "temperature"),
+    ("--top-k", "top_k", int, "keep the k most likely tokens"),
+    ("--top-p", "top_p", float, "nucleus sampling threshold"),
+    ("--min-p", "min_p", float, "drop tokens below this fraction of the top token's probability"),
+    ("--repeat-penalty", "repeat_penalty", float, "repetition penalty"),
+    ("--repeat-last-n", "repeat_last_n", int, "tokens the penalties look back over"),
+    ("--presence-penalty", "presence_penalty", float, "presence penalty"),
+    ("--frequency-penalty", "frequency_penalty", float, "frequency penalty"),
+)
+# the value that turns a sampling stage off (or what 0 means), said in its help
+OFF = {"temperature": "; 0: greedy", "top_k": "; 0: all", "top_p": "; 1: off", "min_p": "; 0: off",
+       "repeat_penalty": "; 1: off", "presence_penalty": "; 0: off", "frequency_penalty": "; 0: off"}
 
 
 def add_model_args(p: argparse.ArgumentParser, *, no_mtp: bool = True) -> None:
@@ -55,23 +70,9 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--n-predict", type=int, default=CLI_N_PREDICT,
                    help=f"tokens to generate (default {CLI_N_PREDICT}; {UNTIL_FULL}: until the end of the text or "
                         "a full context)")
-    d = SAMPLING_DEFAULTS
-    p.add_argument("--temp", type=float, default=d.temperature,
-                   help=f"temperature (default {d.temperature:g}; 0: greedy)")
-    p.add_argument("--top-k", type=int, default=d.top_k,
-                   help=f"keep the k most likely tokens (default {d.top_k}; 0: all)")
-    p.add_argument("--top-p", type=float, default=d.top_p,
-                   help=f"nucleus sampling threshold (default {d.top_p:g}; 1: off)")
-    p.add_argument("--min-p", type=float, default=d.min_p,
-                   help=f"drop tokens below this fraction of the top token's probability (default {d.min_p:g}; 0: off)")
-    p.add_argument("--repeat-penalty", type=float, default=d.repeat_penalty,
-                   help=f"repetition penalty (default {d.repeat_penalty:g}; 1: off)")
-    p.add_argument("--repeat-last-n", type=int, default=d.repeat_last_n,
-                   help=f"tokens the penalties look back over (default {d.repeat_last_n})")
-    p.add_argument("--presence-penalty", type=float, default=d.presence_penalty,
-                   help=f"presence penalty (default {d.presence_penalty:g}; 0: off)")
-    p.add_argument("--frequency-penalty", type=float, default=d.frequency_penalty,
-                   help=f"frequency penalty (default {d.frequency_penalty:g}; 0: off)")
+    for flag, name, kind, what in SAMPLING_FLAGS:
+        default = getattr(SAMPLING_DEFAULTS, name)
+        p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default:g}{OFF.get(name, '')})")
     p.add_argument("-s", "--seed", type=int, default=None, help="random seed (default and -1: a random seed)")
     p.add_argument("--stop", action="append", default=None, help="stop at this string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-text tokens")
