@@ -17,7 +17,7 @@ from typing import Any
 
 from .generation.driver import chat, generate
 from .generation.results import GenerationResult, TextPiece
-from .model import LlamaModel, ProgressCallback, check_gguf_file
+from .model import LlamaModel, check_gguf_file
 from .mtp import MTPContext, attach_assistant
 
 logger = logging.getLogger("mtp_bindings")
@@ -29,32 +29,17 @@ class Model(LlamaModel):
     >>> with Model("target.gguf", assistant="assistant.gguf") as model:
     ...     print(model.generate("def main(", max_tokens=32).text)
 
-    Args:
-        path: the target GGUF.
-        assistant: optional MTP assistant GGUF to attach (see :meth:`attach_assistant`).
-        n_gpu_layers: layers to offload to a GPU backend (-1 = all); CPU builds ignore it.
-        use_mmap: map the file instead of reading it.
-        vocab_only: load only the vocabulary (no weights; no contexts can be created).
-        progress: a callable ``f(fraction) -> bool | None`` (return False to abort), or True
-            for a progress bar.
-        verbose: forward llama.cpp's log lines to the ``mtp_bindings.native`` logger.
+    ``path`` is the target GGUF; ``assistant`` an optional MTP assistant GGUF to attach (see
+    :meth:`attach_assistant`); the other keyword arguments (``n_gpu_layers``, ``use_mmap``,
+    ``vocab_only``, ``progress``, ``verbose``) are :class:`~mtp_bindings.model.LlamaModel`'s.
     """
 
     context_type = MTPContext
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        assistant: str | os.PathLike[str] | None = None,
-        n_gpu_layers: int = 0,
-        use_mmap: bool = True,
-        vocab_only: bool = False,
-        progress: ProgressCallback | bool | None = None,
-        verbose: bool = False,
-    ) -> None:
-        super().__init__(path, n_gpu_layers=n_gpu_layers, use_mmap=use_mmap, vocab_only=vocab_only,
-                         progress=progress, verbose=verbose)
+    def __init__(self, path: str | os.PathLike[str], *, assistant: str | os.PathLike[str] | None = None,
+                 **load: Any) -> None:
+        # load: LlamaModel's keyword arguments, passed on so their defaults stay written once
+        super().__init__(path, **load)
         if assistant is not None:
             self.attach_assistant(assistant)
 
