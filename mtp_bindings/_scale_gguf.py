@@ -146,6 +146,7 @@ def write_gguf(path: Path, source: Source, overrides: dict[str, Any], tensors: d
 
 def quantize(src: Path, dst: Path, wtype: str, threads: int | None) -> None:
     """``llama_model_quantize`` ``src`` to ``dst`` (via a temporary file)."""
+    from ._native import clear_errors, raise_native
     from .low_level import ensure_initialised, ffi, lib
     from .threads import default_threads
 
@@ -154,10 +155,11 @@ def quantize(src: Path, dst: Path, wtype: str, threads: int | None) -> None:
     params.nthread = threads or default_threads()
     params.ftype = getattr(lib, FTYPES[wtype])
     tmp = dst.with_suffix(".tmp")
+    clear_errors()
     rc = lib.llama_model_quantize(str(src).encode(), str(tmp).encode(),
                                   ffi.new("llama_model_quantize_params *", params))
     if rc != 0:
         tmp.unlink(missing_ok=True)
-        raise ModelLoadError(f"llama_model_quantize({src} -> {dst}) failed with code {rc}")
+        raise_native(ModelLoadError, f"llama_model_quantize({src} -> {dst}) failed with code {rc}")
     os.replace(tmp, dst)
     logger.info("scale-pair: wrote %s", dst)

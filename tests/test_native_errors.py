@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import threading
 
-from mtp_bindings import ModelLoadError
+import pytest
+
+from mtp_bindings import DecodeError, ModelLoadError
+from mtp_bindings._native import MTP_SYMBOLS, NATIVE_VERSION, clear_errors, lib, raise_native
 from mtp_bindings.model import LlamaModel as Model
+from mtp_bindings.mtp_status import MTP_STATUS
 
 
 def test_concurrent_failures_each_report_their_own_native_error(trained_paths, tmp_path):
@@ -33,3 +37,15 @@ def test_concurrent_failures_each_report_their_own_native_error(trained_paths, t
             assert "failed to read key-value pairs" in m  # the native reason is there...
             others = [p.name for j, p in enumerate(paths) if j != i]
             assert not any(o in m for o in others), m      # ...and only this thread's
+
+
+def test_raise_native_says_the_fallback_when_no_native_line_was_logged():
+    clear_errors()
+    with pytest.raises(DecodeError, match="^it failed: no reason given$") as e:
+        raise_native(DecodeError, "it failed", 7, fallback="no reason given")
+    assert e.value.code == 7
+
+
+def test_the_library_was_checked_at_import_for_the_mtp_api_and_its_status_codes():
+    assert NATIVE_VERSION and all(hasattr(lib, name) for name in MTP_SYMBOLS)
+    assert {getattr(lib, n) for n in dir(lib) if n.startswith("LLAMA_MTP_ERR_")} == set(MTP_STATUS)
