@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mtp_bindings import InvalidParameterError
-from mtp_bindings.speculative import GenerationResult, TextPiece
+from mtp_bindings.generation.results import GenerationResult, TextPiece
 
 PROMPT = "def main(argv):\n"
 
@@ -49,7 +49,7 @@ def test_stream_pieces_join_to_the_text_and_the_last_carries_stats(dense_model):
 
 
 def test_text_pieces_never_split_a_utf8_character(dense_model):
-    from mtp_bindings.speculative import TextAssembler
+    from mtp_bindings.generation.text import TextAssembler
 
     text = "s = 'ünïcödé ✓ 漢字 🙂'\n"
     toks = dense_model.tokenize(text, add_special=False)
