@@ -97,6 +97,12 @@ def snprintf_needs(n: int, size: int) -> int | None:
     return n + 1 if n >= size else None
 
 
+def _c_string(fill: Callable[[Any, int], int]) -> str:
+    """The text an snprintf-style getter ``fill(buf, size)`` writes (invalid UTF-8 replaced)."""
+    buf, _ = read_grown("char[]", 256, fill, snprintf_needs)
+    return ffi.string(buf).decode("utf-8", errors="replace")
+
+
 def _tqdm_progress(desc: str) -> ProgressCallback:
     from tqdm.auto import tqdm
 
@@ -231,8 +237,7 @@ class LlamaModel(NativeHandle):
     @property
     def description(self) -> str:
         ptr = self.ptr
-        buf, _ = read_grown("char[]", 256, lambda b, n: lib.llama_model_desc(ptr, b, n), snprintf_needs)
-        return ffi.string(buf).decode("utf-8", errors="replace")
+        return _c_string(lambda b, n: lib.llama_model_desc(ptr, b, n))
 
     @property
     def metadata(self) -> dict[str, str]:
@@ -246,8 +251,7 @@ class LlamaModel(NativeHandle):
 
     @staticmethod
     def _meta_str(fn: Callable[..., int], ptr: Any, i: int) -> str:
-        buf, _ = read_grown("char[]", 256, lambda b, n: fn(ptr, i, b, n), snprintf_needs)
-        return ffi.string(buf).decode("utf-8", errors="replace")
+        return _c_string(lambda b, n: fn(ptr, i, b, n))
 
     @property
     def chat_template(self) -> str | None:
