@@ -284,6 +284,26 @@ def test_unknown_fields_are_ignored(server: Server, reference: Any) -> None:
     assert r.json()["choices"][0]["text"] == ref_generate(reference, PROMPTS[1], max_tokens=8).text
 
 
+@pytest.mark.parametrize("field,value", [
+    ("response_format", {"type": "json_object"}), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("tool_choice", "required"), ("grammar", 'root ::= "a"'), ("json_schema", {"type": "object"}),
+    ("top_logprobs", 2), ("mirostat", 2), ("ignore_eos", True),
+])
+def test_a_field_that_would_change_the_output_is_refused_by_name(server: Server, field: str, value: Any) -> None:
+    with server.client() as c:
+        err = check_error(c.post("/v1/chat/completions", json={**CHAT_OK, field: value}), 400,
+                          "unsupported_parameter", field)
+    assert "not supported" in err["message"]
+
+
+def test_the_neutral_value_of_an_unsupported_field_passes(server: Server) -> None:
+    body = {**CHAT_OK, "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "mirostat": 0,
+            "typical_p": 1.0, "top_logprobs": None, "ignore_eos": False}
+    with server.client() as c:
+        r = c.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+
+
 def test_logit_bias_equals_model_generate(server: Server, reference: Any) -> None:
     first = ref_generate(reference, PROMPTS[0], max_tokens=8).tokens[0]
     bias = {first: -100.0}

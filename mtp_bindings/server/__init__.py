@@ -18,7 +18,9 @@ Requests take the OpenAI fields that map onto :func:`~mtp_bindings.generation.dr
 ``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``stream``,
 ``stream_options.include_usage``; ``n`` must be 1) and llama-server's extras (``top_k``, ``min_p``, ``repeat_penalty``,
 ``repeat_last_n``, ``n_predict``, ``speculative.n_max`` -- flat key or nested object -- and
-``draft_n_max``). Unknown fields are ignored, since OpenAI clients send extras; a known field of
+``draft_n_max``). A field we do not implement that would change the output (``response_format``,
+``tools``, ``grammar``, llama.cpp samplers we lack, ...) is a 400 naming it (see :mod:`.unsupported`);
+other unknown fields are hints and are ignored, since OpenAI clients send extras; a known field of
 the wrong type or out of range, bad JSON, or a prompt that does not fit the context is a 400 with
 OpenAI's error body ``{"error": {"message", "type", "param", "code"}}``. User input never yields
 a 5xx.
@@ -45,8 +47,9 @@ Security: binds 127.0.0.1 unless told otherwise; with ``api_key`` set every rout
 
 The package, one job a module, each importing only the ones listed before it:
 
-* :mod:`.errors` -- OpenAI-shaped errors; :mod:`.schemas` -- request models and body parsing;
-  :mod:`.params` -- request -> generation arguments; :mod:`.prompts` -- prompts as tokens;
+* :mod:`.errors` -- OpenAI-shaped errors; :mod:`.unsupported` -- fields refused by name;
+  :mod:`.schemas` -- request models and body parsing; :mod:`.params` -- request -> generation
+  arguments; :mod:`.prompts` -- prompts as tokens;
 * :mod:`.metrics` -- counters and ``/metrics`` (prometheus_client, with llama-server and vLLM
   aliases); :mod:`.slots` -- contexts and their worker threads; :mod:`.responses` -- response
   bodies; :mod:`.streaming` -- server-sent events;

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ..exceptions import InvalidParameterError
 from ..params import DraftParams, SamplingParams
 from .errors import APIError
+from .unsupported import refuse_unsupported
 
 _STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 OPENAI_TEMPERATURE_MAX = 2.0  # OpenAI's documented ranges, narrower than the library's
@@ -278,11 +279,13 @@ def validation_error(e: ValidationError) -> APIError:
 
 
 def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
-    """The request body as ``model``, or an :class:`APIError` 400 (bad JSON, wrong types)."""
+    """The request body as ``model``, or an :class:`APIError` 400 (bad JSON, a field we do not
+    implement that would change the output, wrong types)."""
     try:
         data = json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as e:
         raise APIError(400, f"could not parse the request body as JSON: {e}", code="invalid_json") from None
+    refuse_unsupported(data)
     try:
         return model.model_validate(data)
     except ValidationError as e:
