@@ -398,7 +398,7 @@ def make_plots(result: dict[str, Any], out_dir: Path) -> list[str]:
         return []
     files = []
     colors = {"upstream draft-mtp": "tab:red", "ours MTP depth2 off": "tab:blue", "ours MTP depth2 on": "tab:green",
-              "upstream plain": "tab:red", "ours plain": "tab:blue"}
+              "ours MTP dense head depth2 off": "tab:purple", "upstream plain": "tab:red", "ours plain": "tab:blue"}
     for part, ylabel in (("inproc", "tokens/s (in process)"), ("http", "tokens/s (HTTP, client wall)")):
         sec = result.get(part)
         if not sec or not sec["rows"]:
@@ -410,7 +410,7 @@ def make_plots(result: dict[str, Any], out_dir: Path) -> list[str]:
         fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.4 * nrow), squeeze=False)
         for ax, cell in zip(axes.flat, cells):
             cr = [r for r in rows if (r["kv"], r["n_out"], r["temp"]) == cell]
-            for fam in ("upstream draft-mtp", "ours MTP depth2 off", "ours MTP depth2 on"):
+            for fam in ("upstream draft-mtp", "ours MTP depth2 off", "ours MTP depth2 on", "ours MTP dense head depth2 off"):
                 pts = sorted((r["draft_n"], r["tokens_per_s"]) for r in cr if r["family"] == fam)
                 if pts:
                     ax.plot(*zip(*pts), marker="o", label=fam, color=colors[fam],
@@ -430,7 +430,7 @@ def make_plots(result: dict[str, Any], out_dir: Path) -> list[str]:
     sec = result.get("inproc")
     if sec and sec["rows"]:
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
-        for fam in ("upstream draft-mtp", "ours MTP depth2 on"):
+        for fam in ("upstream draft-mtp", "ours MTP depth2 off", "ours MTP dense head depth2 off"):
             for temp, ls in ((0.0, "-"), (0.7, "--")):
                 pts: dict[int, list[float]] = {}
                 for r in sec["rows"]:
