@@ -12,6 +12,8 @@ Endpoints:
   ``timings`` (``prompt_n``, ``prompt_ms``, ``predicted_n``, ``predicted_ms``,
   ``predicted_per_second``, ``draft_n``, ``draft_n_accepted``).
 * ``GET /v1/models``, ``GET /health`` (never needs the API key), ``GET /metrics`` (Prometheus text).
+* llama-server's ``POST /tokenize``, ``POST /detokenize`` and ``GET /props``, in its shapes
+  (:mod:`.native_routes`).
 
 Requests take the OpenAI fields that map onto :func:`~mtp_bindings.generation.driver.generate`
 (``max_tokens``/``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``,
@@ -49,7 +51,8 @@ The package, one job a module, each importing only the ones listed before it:
 
 * :mod:`.errors` -- OpenAI-shaped errors; :mod:`.unsupported` -- fields refused by name;
   :mod:`.schemas` -- request models and body parsing; :mod:`.params` -- request -> generation
-  arguments; :mod:`.prompts` -- prompts as tokens;
+  arguments; :mod:`.prompts` -- prompts as tokens; :mod:`.native_routes` -- the bodies of ``/tokenize``,
+  ``/detokenize`` and ``/props``;
 * :mod:`.metrics` -- counters and ``/metrics`` (prometheus_client, with llama-server and vLLM
   aliases); :mod:`.slots` -- contexts and their worker threads; :mod:`.responses` -- response
   bodies; :mod:`.streaming` -- server-sent events;

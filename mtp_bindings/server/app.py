@@ -31,7 +31,8 @@ from .params import DraftDefaults
 
 logger = logging.getLogger(__name__)
 
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize",
+          "/detokenize", "/props")
 DEFAULT_N_PREDICT = SERVER_N_PREDICT  # tokens of a request that sets no limit (-1: until the context is full)
 _CONTEXT = ContextParams()  # the library's context defaults
 
@@ -114,6 +115,18 @@ def _add_routes(app: FastAPI, server: Server, key: BearerKey) -> None:
     @app.get("/v1/models", dependencies=keyed)
     async def models() -> dict[str, Any]:
         return server.models()
+
+    @app.post("/tokenize", dependencies=keyed)
+    async def tokenize(request: Request) -> dict[str, Any]:
+        return await server.tokenize(request)
+
+    @app.post("/detokenize", dependencies=keyed)
+    async def detokenize(request: Request) -> dict[str, Any]:
+        return await server.detokenize(request)
+
+    @app.get("/props", dependencies=keyed)
+    async def props() -> dict[str, Any]:
+        return server.props()
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -25,6 +25,7 @@ from ..exceptions import InvalidParameterError, TokenizeError
 from ..limits import SERVER_N_PREDICT
 from .errors import APIError, ClientGone, generation_error, shutting_down_error
 from .metrics import ServerMetrics
+from .native_routes import DetokenizeRequest, TokenizeRequest, detokenize_body, props_body, tokenize_body
 from .params import DraftDefaults, generation_kwargs
 from .prompts import chat_tokens, completion_tokens
 from .responses import Reply
@@ -160,6 +161,25 @@ class Server:
                 "size": m.size, "mtp_assistant": m.has_assistant}
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.created,
                                             "owned_by": "mtp-bindings", "meta": meta}]}
+
+    async def tokenize(self, request: Request) -> dict[str, Any]:
+        req: TokenizeRequest = await self.read_body(request, TokenizeRequest)
+        return await self.vocab_call(lambda: tokenize_body(self.model, req), "content")
+
+    async def detokenize(self, request: Request) -> dict[str, Any]:
+        req: DetokenizeRequest = await self.read_body(request, DetokenizeRequest)
+        return await self.vocab_call(lambda: detokenize_body(self.model, req), "tokens")
+
+    async def vocab_call(self, fn: Callable[[], dict[str, Any]], param: str) -> dict[str, Any]:
+        """Run a vocabulary lookup off the event loop; bad input is a 400 naming ``param``."""
+        try:
+            return await anyio.to_thread.run_sync(fn)
+        except (InvalidParameterError, TokenizeError) as e:
+            raise APIError(400, str(e), param=param, code="invalid_value") from None
+
+    def props(self) -> dict[str, Any]:
+        return props_body(self.model, model_name=self.model_name, n_slots=self.metrics.n_slots, n_ctx=self.n_ctx,
+                          n_predict=self.n_predict, draft=self.draft)
 
     def health(self) -> dict[str, Any]:
         mt = self.metrics

@@ -104,7 +104,7 @@ class GenerationRequest(BaseModel):
     n: int | None = None
     logit_bias: dict[str, float] | None = None
     draft_n_max: int | None = _draft_n_max()
-    speculative: SpeculativeOptions | None = None
+    speculative: SpeculativeOptions | bool | None = None  # false: plain decoding for this request
     speculative_n_max: int | None = _draft_n_max(alias="speculative.n_max")
 
     @field_validator("n")
@@ -156,9 +156,13 @@ class GenerationRequest(BaseModel):
         return None
 
     def requested_draft_n_max(self) -> int | None:
+        """The request's drafts per round: 0 for ``speculative: false``, else ``draft_n_max``,
+        ``speculative.n_max`` (nested or flat); None: the server's default."""
+        if self.speculative is False:
+            return 0
         if self.draft_n_max is not None:
             return self.draft_n_max
-        if self.speculative is not None and self.speculative.n_max is not None:
+        if isinstance(self.speculative, SpeculativeOptions) and self.speculative.n_max is not None:
             return self.speculative.n_max
         return self.speculative_n_max
 
