@@ -1,6 +1,7 @@
-"""Chat prompts: render a list of messages with the GGUF's own jinja2 chat template, and the
-one rule for tokenizing the result (:data:`CHAT_TOKENIZE`, :func:`chat_tokens`) that ``chat`` and
-the server's chat endpoint share."""
+"""Prompts to tokens: render a list of messages with the GGUF's own jinja2 chat template, and the
+one rule for tokenizing each kind of prompt (:data:`CHAT_TOKENIZE` / :func:`chat_tokens` for chats,
+:data:`TEXT_TOKENIZE` / :func:`text_tokens` for plain text) that ``generate`` / ``chat`` and the
+server's endpoints share."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from .model import LlamaModel
 # A rendered chat prompt already holds its BOS and turn markers as text: add nothing, and parse the
 # control-token text into control tokens.
 CHAT_TOKENIZE = {"add_special": False, "parse_special": True}
+# Plain text: BOS as the model wants it; control-token text stays text (user input cannot forge turns).
+TEXT_TOKENIZE = {"add_special": True, "parse_special": False}
 
 # Gemma's turn format, for models whose GGUF carries no template.
 GEMMA_TEMPLATE = (
@@ -62,3 +65,8 @@ def chat_tokens(model: LlamaModel, messages: Sequence[dict[str, str]]) -> list[i
     except jinja2.TemplateError as e:
         raise InvalidParameterError(f"the chat template failed on these messages: {e}") from e
     return model.tokenize(text, **CHAT_TOKENIZE)
+
+
+def text_tokens(model: LlamaModel, text: str) -> list[int]:
+    """The prompt tokens of plain ``text`` (:data:`TEXT_TOKENIZE`)."""
+    return model.tokenize(text, **TEXT_TOKENIZE)

@@ -173,7 +173,7 @@ class MTPSession:
         with self._lock:
             if self.in_flight is not None:
                 raise MTPBusyError("an MTP request is in flight on this context: wait() for it first", MTP_ERR_BUSY)
-            logits = np.zeros((n_steps, self.ctx._n_vocab), dtype=np.float32) if want_logits else None
+            logits = np.zeros((n_steps, self.ctx.model.n_vocab), dtype=np.float32) if want_logits else None
             c_logits = ffi.from_buffer("float[]", logits) if logits is not None else ffi.NULL
             _native.clear_errors()
             rc = self._call("llama_decode_mtp", self.ctx.ptr, seq_id, attn_pos, last_token,

@@ -13,7 +13,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ..chat_template import CHAT_TOKENIZE, render_chat
+from ..chat_template import CHAT_TOKENIZE, TEXT_TOKENIZE, render_chat
 from ..context import Context
 from ..env import env_depth2, env_skip_streak, env_trace
 from ..exceptions import ContextOverflowError, InvalidParameterError
@@ -77,8 +77,8 @@ def generate(
     cancel: Callable[[], bool] | None = None,
     prompt_progress: Callable[[int, int], None] | None = None,
     context: Context | None = None,
-    add_special: bool = True,
-    parse_special: bool = False,
+    add_special: bool = TEXT_TOKENIZE["add_special"],
+    parse_special: bool = TEXT_TOKENIZE["parse_special"],
     h_idx: str = "accepted",
     ignore_eos: bool = False,
 ) -> GenerationResult | Iterator[TextPiece]:
