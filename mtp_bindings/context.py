@@ -39,10 +39,12 @@ NativeObserver = Callable[[str, float], None]
 class ModelLike(Protocol):
     """What a context needs of its model (:class:`~mtp_bindings.model.LlamaModel` is one)."""
 
-    ptr: Any
-    n_vocab: int
-    n_embd: int
-
+    @property
+    def ptr(self) -> Any: ...
+    @property
+    def n_vocab(self) -> int: ...
+    @property
+    def n_embd(self) -> int: ...
     def check_tokens(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray: ...
     def is_eog(self, token: int) -> bool: ...
 
