@@ -30,18 +30,21 @@ class Model(LlamaModel):
     ...     print(model.generate("def main(", max_tokens=32).text)
 
     ``path`` is the target GGUF; ``assistant`` an optional MTP assistant GGUF to attach (see
-    :meth:`attach_assistant`); the other keyword arguments (``n_gpu_layers``, ``use_mmap``,
-    ``vocab_only``, ``progress``, ``verbose``) are :class:`~mtp_bindings.model.LlamaModel`'s.
+    :meth:`attach_assistant`), its layers placed like the target's unless ``n_gpu_layers_draft``
+    / ``devices_draft`` say otherwise (llama.cpp's ``-ngld`` / ``-devd``); the other keyword
+    arguments (``n_gpu_layers``, ``devices``, ``use_mmap``, ``vocab_only``, ``progress``,
+    ``verbose``) are :class:`~mtp_bindings.model.LlamaModel`'s.
     """
 
     context_type = MTPContext
 
     def __init__(self, path: str | os.PathLike[str], *, assistant: str | os.PathLike[str] | None = None,
+                 n_gpu_layers_draft: int | None = None, devices_draft: str | Sequence[str] | None = None,
                  **load: Any) -> None:
         # load: LlamaModel's keyword arguments, passed on so their defaults stay written once
         super().__init__(path, **load)
         if assistant is not None:
-            self.attach_assistant(assistant)
+            self.attach_assistant(assistant, n_gpu_layers=n_gpu_layers_draft, devices=devices_draft)
 
     def create_context(self, *args: Any, **kwargs: Any) -> MTPContext:
         """A new :class:`~mtp_bindings.mtp.MTPContext` on this model (keyword arguments are
@@ -50,14 +53,16 @@ class Model(LlamaModel):
         assert isinstance(ctx, MTPContext)
         return ctx
 
-    def attach_assistant(self, path: str | os.PathLike[str]) -> None:
-        """Load an MTP assistant GGUF and attach it to this (target) model.
+    def attach_assistant(self, path: str | os.PathLike[str], *, n_gpu_layers: int | None = None,
+                         devices: str | Sequence[str] | None = None) -> None:
+        """Load an MTP assistant GGUF and attach it to this (target) model, its layers placed
+        like the target's unless ``n_gpu_layers`` / ``devices`` say otherwise.
 
         Raises :class:`AssistantLoadError` (with the C return code) when the file is malformed
         or does not fit the target; the target stays usable either way.
         """
         p = check_gguf_file(path, what="assistant")
-        attach_assistant(self, p)
+        attach_assistant(self, p, n_gpu_layers, devices)
         self.assistant_path = p
         logger.info("attached assistant %s to %s", p, self.path.name)
 

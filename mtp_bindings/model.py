@@ -22,6 +22,7 @@ from . import _native
 from ._handle import NativeHandle
 from ._native import ffi, lib
 from .context import Context
+from .devices import device_array
 from .exceptions import (
     AssistantFileNotFoundError,
     AssistantLoadError,
@@ -124,6 +125,8 @@ class LlamaModel(NativeHandle):
     Args:
         path: the GGUF.
         n_gpu_layers: layers to offload to a GPU backend (-1 = all); CPU builds ignore it.
+        devices: the devices to offload to (llama.cpp's ``--device``: names, ``"CUDA0,CUDA1"``,
+            or ``"none"``; default all), see :mod:`mtp_bindings.devices`.
         use_mmap: map the file instead of reading it.
         vocab_only: load only the vocabulary (no weights; no contexts can be created).
         progress: a callable ``f(fraction) -> bool | None`` (return False to abort), or True
@@ -141,6 +144,7 @@ class LlamaModel(NativeHandle):
         path: str | os.PathLike[str],
         *,
         n_gpu_layers: int = 0,
+        devices: str | Sequence[str] | None = None,
         use_mmap: bool = True,
         vocab_only: bool = False,
         progress: ProgressCallback | bool | None = None,
@@ -156,8 +160,14 @@ class LlamaModel(NativeHandle):
         _native.set_verbose(verbose)
         self.verbose = verbose
         self.assistant_path: Path | None = None
+        # where the layers went: an attached assistant follows it unless told otherwise
+        self.n_gpu_layers = n_gpu_layers
+        self.devices = devices
 
         params = self._model_params(n_gpu_layers, use_mmap, vocab_only)
+        self._device_array = None if devices is None else device_array(devices)
+        if self._device_array is not None:
+            params.devices = self._device_array
         callback = _tqdm_progress(f"loading {self.path.name}") if progress is True else progress
         handle = None
         if callback:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ import numpy as np
 from . import _native
 from ._native import ffi, lib
 from .context import Context
+from .devices import device_array
 from .exceptions import AssistantLoadError, InvalidParameterError, MTPBusyError, MTPError, NoAssistantError
 from .model import LlamaModel
 from .mtp_status import MTP_ERR_BUSY, MTP_ERR_NO_ASSISTANT, status_text
@@ -34,9 +36,20 @@ from .params import DRAFT_N_MAX, THREADS_MAX, valid_thread_count
 MTP_N_STEPS_MAX = DRAFT_N_MAX  # LLAMA_MTP_MAX_STEPS
 
 
-def attach_assistant(model: LlamaModel, path: Any) -> None:
-    """Attach the assistant GGUF at ``path`` to ``model`` (see :meth:`mtp_bindings.Model.attach_assistant`)."""
+def attach_assistant(model: LlamaModel, path: Any, n_gpu_layers: int | None = None,
+                     devices: str | Sequence[str] | None = None) -> None:
+    """Attach the assistant GGUF at ``path`` to ``model`` (see :meth:`mtp_bindings.Model.attach_assistant`).
+    Its layers go where the target's went (``model.n_gpu_layers``, ``model.devices``) unless
+    ``n_gpu_layers`` / ``devices`` say otherwise."""
+    n_gpu_layers = model.n_gpu_layers if n_gpu_layers is None else n_gpu_layers
+    if not isinstance(n_gpu_layers, int) or isinstance(n_gpu_layers, bool):
+        raise InvalidParameterError(f"n_gpu_layers_draft must be an int, got {n_gpu_layers!r}")
+    devices = model.devices if devices is None else devices
     params = lib.llama_model_default_params()
+    params.n_gpu_layers = n_gpu_layers
+    keep = None if devices is None else device_array(devices)
+    if keep is not None:
+        params.devices = keep
     _native.clear_errors()
     rc = lib.llama_model_load_mtp_from_file(model.ptr, str(path).encode(), params)
     if rc != 0:

@@ -50,8 +50,17 @@ def add_model_args(p: argparse.ArgumentParser, *, no_mtp: bool = True) -> None:
                    help="compute threads, fixed (default: the CPUs this process may use, at most 8, less those "
                         "other work keeps busy at the moment; serve: shared by all slots); more than the usable "
                         "CPUs warns")
+    p.add_argument("-tb", "--threads-batch", type=int, default=None,
+                   help="threads for the prompt (batches; default: as -t)")
     p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", type=int, default=0,
                    help="layers to offload to a GPU (-1: all; default 0; a CPU-only build ignores it)")
+    p.add_argument("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", dest="n_gpu_layers_draft", type=int,
+                   default=None, help="layers of the MTP assistant to offload (default: as -ngl)")
+    p.add_argument("-dev", "--device", default=None,
+                   help="comma-separated devices to offload to (e.g. CUDA0,CUDA1; 'none': no offloading; "
+                        "default: all)")
+    p.add_argument("-devd", "--device-draft", default=None,
+                   help="devices for the MTP assistant (default: as --device)")
     p.add_argument("--no-mmap", action="store_true", help="read the model into memory instead of mapping it")
     p.add_argument("-ctk", "--cache-type-k", default=CONTEXT_DEFAULTS.type_k,
                    help=f"KV cache type of K: f16, q8_0, ... (default {CONTEXT_DEFAULTS.type_k})")

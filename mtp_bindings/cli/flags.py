@@ -103,13 +103,12 @@ UNSUPPORTED: tuple[tuple[tuple[str, ...], str], ...] = (
     (("-e", "--escape", "--no-escape"), "-f FILE for a multi-line prompt: the prompt is used as given"),
     (("--jinja", "--chat-template", "--chat-template-file"), "chat, which always applies the GGUF's own chat template"),
     (("-b", "--batch-size", "-ub", "--ubatch-size"), "the Python API: create_context(n_batch=, n_ubatch=)"),
-    (("-tb", "--threads-batch"), "-t, which sets both"),
     (("--mlock", "--numa", "-nkvo", "--no-kv-offload", "-dt", "--defrag-thold", "--rope-scaling", "--rope-scale",
       "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx", "--yarn-ext-factor", "--yarn-attn-factor",
       "--yarn-beta-slow", "--yarn-beta-fast", "--override-kv", "--keep"),
      "the defaults llama.cpp picks for the model"),
-    (("-dev", "--device", "-sm", "--split-mode", "-ts", "--tensor-split", "-mg", "--main-gpu"),
-     "a GPU build (CMAKE_ARGS at install time) and -ngl"),
+    (("-sm", "--split-mode", "-ts", "--tensor-split", "-mg", "--main-gpu"),
+     "a GPU build (CMAKE_ARGS at install time), -ngl and --device"),
     (("--grammar", "--grammar-file", "-j", "--json-schema", "-jf", "--json-schema-file"),
      "plain sampling: constrained output is not implemented"),
     (("--mirostat", "--mirostat-lr", "--mirostat-ent", "--typical", "--dynatemp-range", "--dynatemp-exp",
@@ -119,8 +118,7 @@ UNSUPPORTED: tuple[tuple[tuple[str, ...], str], ...] = (
      "--temp, --top-k, --top-p, --min-p and the repeat/presence/frequency penalties"),
     (("--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled", "--control-vector-layer-range"),
      "a merged GGUF: adapters are not supported"),
-    (("--draft-min", "--draft-n-min", "--draft-p-min", "-cd", "--ctx-size-draft", "-ngld", "--gpu-layers-draft",
-      "--n-gpu-layers-draft", "-devd", "--device-draft", "--spec-replace", "-ctkd", "-ctvd"),
+    (("--draft-min", "--draft-n-min", "--draft-p-min", "-cd", "--ctx-size-draft", "--spec-replace", "-ctkd", "-ctvd"),
      "--spec-draft-n-max: the assistant drafts in the target's own context"),
     (("--prompt-cache", "--prompt-cache-all", "--prompt-cache-ro", "--cache-reuse", "--slot-save-path"),
      "nothing: there is no prompt cache, each generation starts from an empty KV cache"),
@@ -176,6 +174,7 @@ PARAM_DEST = {
     "frequency_penalty": "frequency_penalty", "seed": "seed", "draft_n_max": "draft_n_max",
     "skip_streak": "skip_streak", "type_k": "cache_type_k", "type_v": "cache_type_v", "flash_attn": "flash_attn",
     "n_slots": "parallel", "n_predict": "n_predict", "port": "port", "n_gpu_layers": "n_gpu_layers",
+    "n_gpu_layers_draft": "n_gpu_layers_draft", "n_threads_batch": "threads_batch", "devices": "device",
 }
 
 

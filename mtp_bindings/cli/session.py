@@ -55,6 +55,19 @@ def _load_progress(target: Path, interrupt: Interrupt) -> Any:
     return update
 
 
+def load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The target's load arguments from the model flags (``-ngl``, ``--device``, ``--no-mmap``, ``-v``);
+    the assistant's placement (``-ngld``, ``-devd``) follows them unless given."""
+    return dict(n_gpu_layers=args.n_gpu_layers, devices=args.device, use_mmap=not args.no_mmap, verbose=args.verbose)
+
+
+def context_kwargs(args: argparse.Namespace, model: Any) -> dict[str, Any]:
+    """A context's arguments from the flags (``-c``, ``-t``, ``-tb``, ``-ctk``, ``-ctv``, ``-fa``)."""
+    return dict(n_ctx=n_ctx(model, args), n_threads=args.threads, n_threads_batch=args.threads_batch,
+                type_k=args.cache_type_k, type_v=args.cache_type_v, flash_attn=args.flash_attn,
+                embeddings=model.has_assistant)
+
+
 def load(args: argparse.Namespace, interrupt: Interrupt) -> Any:
     """Load the target and attach its assistant (see :func:`model_files`); Ctrl-C stops the
     load and raises ``KeyboardInterrupt`` once it is safe to."""
@@ -63,15 +76,14 @@ def load(args: argparse.Namespace, interrupt: Interrupt) -> Any:
     target, assistant, named, note = model_files(args)
     with interrupt.deferred(second_raises=False):
         try:
-            model = Model(target, n_gpu_layers=args.n_gpu_layers, use_mmap=not args.no_mmap, verbose=args.verbose,
-                          progress=_load_progress(target, interrupt))
+            model = Model(target, **load_kwargs(args), progress=_load_progress(target, interrupt))
         except ModelLoadError:
             if interrupt.requested:
                 raise KeyboardInterrupt from None
             raise
         try:
             if assistant is not None and not interrupt.requested:
-                model.attach_assistant(assistant)
+                model.attach_assistant(assistant, n_gpu_layers=args.n_gpu_layers_draft, devices=args.device_draft)
         except AssistantLoadError as e:
             if named:
                 model.close()
@@ -115,9 +127,7 @@ def session(args: argparse.Namespace, interrupt: Interrupt) -> Iterator[tuple[An
     logs through a Python callback all along) stops there with ``KeyboardInterrupt``."""
     with load(args, interrupt) as model:
         with interrupt.deferred(second_raises=False):
-            ctx = model.create_context(n_ctx=n_ctx(model, args), n_threads=args.threads, type_k=args.cache_type_k,
-                                       type_v=args.cache_type_v, flash_attn=args.flash_attn,
-                                       embeddings=model.has_assistant)
+            ctx = model.create_context(**context_kwargs(args, model))
         with ctx:
             if interrupt.requested:
                 raise KeyboardInterrupt

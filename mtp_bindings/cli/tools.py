@@ -30,7 +30,8 @@ def cmd_serve(args: argparse.Namespace, interrupt: Interrupt) -> int:
     with load(args, interrupt) as model:
         serve(model, host=args.host, port=args.port, model_name=args.alias, api_key=args.api_key,
               n_slots=args.parallel, n_ctx=n_ctx(model, args), n_predict=args.n_predict, n_threads=args.threads,
-              type_k=args.cache_type_k, type_v=args.cache_type_v, flash_attn=args.flash_attn,
+              n_threads_batch=args.threads_batch, type_k=args.cache_type_k, type_v=args.cache_type_v,
+              flash_attn=args.flash_attn,
               draft_n_max=args.draft_n_max, preset=args.preset, depth2=False if args.no_depth2 else None,
               skip_streak=args.skip_streak, access_log=args.verbose)
     return 0

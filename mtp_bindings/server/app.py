@@ -46,6 +46,7 @@ def create_app(
     n_ctx: int = _CONTEXT.n_ctx,
     n_predict: int = DEFAULT_N_PREDICT,
     n_threads: int | None = None,
+    n_threads_batch: int | None = None,
     type_k: str = _CONTEXT.type_k,
     type_v: str = _CONTEXT.type_v,
     flash_attn: str = _CONTEXT.flash_attn,
@@ -58,7 +59,8 @@ def create_app(
     ``model_name``. A request that sets no length limit gets at most ``n_predict`` tokens (-1:
     until the context is full). ``n_slots`` contexts of ``n_ctx`` tokens (KV types and flash attention as in
     :class:`~mtp_bindings.context.ContextParams`; ``n_threads`` is the budget all slots share,
-    default the usable CPUs, see :func:`~mtp_bindings.threads.threads_per_slot`) are created when the app starts
+    default the usable CPUs, see :func:`~mtp_bindings.threads.threads_per_slot`; ``n_threads_batch``, the
+    prompt's budget, is shared the same way, default as ``n_threads``) are created when the app starts
     and freed when it stops; the model stays the caller's. Drafting defaults (``draft_n_max``,
     ``preset``, ``depth2``, ``skip_streak``) are :func:`generate`'s; requests may override
     ``draft_n_max``."""
@@ -73,11 +75,13 @@ def create_app(
         raise InvalidParameterError("api_key must be a non-empty string or None")
     draft = DraftDefaults(draft_n_max, preset, depth2, skip_streak)
     draft.validate()
-    if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1):
-        raise InvalidParameterError(f"n_threads must be a positive int or None, got {n_threads!r}")
+    for name, value in (("n_threads", n_threads), ("n_threads_batch", n_threads_batch)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise InvalidParameterError(f"{name} must be a positive int or None, got {value!r}")
     # each slot gets its share of the budget; without an explicit n_threads it also adapts to the load
     context_kwargs = dict(n_ctx=n_ctx, n_threads=threads_per_slot(n_slots, n_threads),
-                          adapt_threads=n_threads is None, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
+                          n_threads_batch=None if n_threads_batch is None else threads_per_slot(n_slots, n_threads_batch),
+                          adapt_threads=n_threads is None and n_threads_batch is None, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
                           embeddings=model.has_assistant)
     server = Server(model, model_name=model_name, n_slots=n_slots, n_ctx=n_ctx, context_kwargs=context_kwargs,
                     draft=draft, n_predict=n_predict)
