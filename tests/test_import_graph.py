@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("native", ("_ffi", "_native", "low_level", "_handle", "devices")),
     ("core", ("context", "model")),
     ("mtp", ("mtp", "chat_template")),
-    ("generation", ("generation", "speculative", "sampling")),
+    ("generation", ("generation",)),
     ("api", ("api",)),
     ("apps", ("", "__main__", "server", "cli", "cli_flags", "cli_interrupt", "benchmark", "scale_pair",
               "_scale_check", "_scale_gguf", "_scale_tensors", "gguf_tools", "convert")),
