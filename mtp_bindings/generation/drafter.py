@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..context import Context
-from ..mtp import MTPHandle, session_of
+from ..mtp import MTPHandle, session_of, set_worker_threads
 
 
 @dataclass
@@ -71,6 +71,7 @@ class MTPDrafter:
         self.depth2 = depth2
         self.pending: MTPHandle | None = None
         self.pending_key: tuple[int, int, int] | None = None
+        self.worker_threads: int | None = None  # what the drafting worker was last given
 
     def propose(self, attn_pos: int, last_token: int, h: np.ndarray | None, n: int) -> Proposal:
         assert h is not None
@@ -90,6 +91,13 @@ class MTPDrafter:
         if not self.depth2 or n <= 0 or h is None:
             return
         self.cancel()
+        # The loop waits for this request before its next decode (meanwhile it only hands text to
+        # the caller), so the worker may compute with the context's threads rather than the CPUs
+        # they leave free (1 on 2 cores: measured 21.4 vs 22.6 tokens/s on the E2B-sized pair).
+        ctx = self.session.ctx
+        if self.worker_threads != ctx.n_threads:
+            set_worker_threads(ctx, ctx.n_threads)
+            self.worker_threads = ctx.n_threads
         self.pending = self.session.submit(self.seq_id, attn_pos, last_token, h, n)
         self.pending_key = (attn_pos, last_token, n)
 
