@@ -8,8 +8,9 @@ way). This tool measures it at real Gemma 4 widths:
 1. ``build``: writes a Gemma 4 target of E2B width with random weights (hidden 1536, 4 layers
    [S, S, S, F], 8 heads, 1 KV head, head_dim 256, global head_dim 512, sliding window 512,
    FFN 6144, vocab 262144, tied embeddings) directly with gguf-py, as f16, then quantizes it to
-   q8_0 and q4_K (``llama_model_quantize``, pure) through the package's own libllama. The tokenizer
-   is the tiny test fixture's, padded with unused tokens to 262144.
+   q8_0 and q4_K (``llama_model_quantize``, pure) through the package's own libllama (the writer:
+   ``mtp_bindings.benchmark.models``). The tokenizer is the tiny test fixture's, padded with unused
+   tokens to 262144.
 2. ``decode``: for each weight type, times one ``ctx.decode(tokens, pos=P, logits="all")`` of
    n = 1..8 tokens through the project's Python API, and prompt processing of 512 tokens;
    configurations interleaved in rounds, medians reported, ratios taken within one process.
@@ -49,42 +50,17 @@ from typing import Any
 
 import numpy as np
 
+from mtp_bindings.benchmark.models import FTYPES, TARGET_SEED, Dims, quantize, write_f16_target
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 C_TOOL = REPO / "bench" / "mulmat_bench.c"
 TOKENIZER_SOURCE = REPO / "tests" / "fixtures" / "dense-target.gguf"
 DEFAULT_CACHE = Path(os.environ.get("MTP_BENCH_CACHE", Path.home() / ".cache" / "mtp-bindings" / "decode-scaling"))
 
-# Gemma 4 E2B widths (the text decoder), 4 layers
-HIDDEN = 1536
-FFN = 6144
-N_HEAD = 8
-N_HEAD_KV = 1
-HEAD_DIM_SWA = 256
-HEAD_DIM_FULL = 512
-SLIDING_WINDOW = 512
-VOCAB = 262144
-LAYERS = (True, True, True, False)  # sliding-window pattern: [S, S, S, F]
+E2B = Dims()  # Gemma 4 E2B widths (the text decoder), 4 layers: the model writer's defaults
 TYPES = ("f16", "q8_0", "q4_K")
-# llama_ftype: MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_Q4_K_S (pure), MOSTLY_Q4_K_M (LM head and part of ffn_down/attn_v
-# in Q6_K, what most published GGUFs are)
-FTYPES = {"f16": 1, "q8_0": 7, "q4_K": 14, "q4_K_M": 15}
-SEED = 8
-
-
-@dataclasses.dataclass(frozen=True)
-class Dims:
-    """Widths of a Gemma 4 target (defaults: E2B's)."""
-
-    hidden: int = HIDDEN
-    ffn: int = FFN
-    heads: int = N_HEAD
-    kv_heads: int = N_HEAD_KV
-    head_dim: int = HEAD_DIM_SWA
-    global_head_dim: int = HEAD_DIM_FULL
-    window: int = SLIDING_WINDOW
-    vocab: int = VOCAB
-    layers: tuple[bool, ...] = LAYERS  # sliding-window pattern
+SEED = TARGET_SEED
 
 
 def log(msg: str) -> None:
@@ -96,27 +72,22 @@ def log(msg: str) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def _gguf() -> Any:
-    from mtp_bindings.gguf_tools import _gguf as load
-
-    return load()
-
-
 def matrix_shapes() -> list[tuple[str, int, int]]:
     """(name, rows, cols) of every matrix product of one decode, rows = output features (ne01)."""
     shapes = []
-    for i, swa in enumerate(LAYERS):
-        hd = HEAD_DIM_SWA if swa else HEAD_DIM_FULL
+    d = E2B
+    for i, swa in enumerate(d.layers):
+        hd = d.head_dim if swa else d.global_head_dim
         shapes += [
-            (f"blk.{i}.attn_q", N_HEAD * hd, HIDDEN),
-            (f"blk.{i}.attn_k", N_HEAD_KV * hd, HIDDEN),
-            (f"blk.{i}.attn_v", N_HEAD_KV * hd, HIDDEN),
-            (f"blk.{i}.attn_output", HIDDEN, N_HEAD * hd),
-            (f"blk.{i}.ffn_gate", FFN, HIDDEN),
-            (f"blk.{i}.ffn_up", FFN, HIDDEN),
-            (f"blk.{i}.ffn_down", HIDDEN, FFN),
+            (f"blk.{i}.attn_q", d.heads * hd, d.hidden),
+            (f"blk.{i}.attn_k", d.kv_heads * hd, d.hidden),
+            (f"blk.{i}.attn_v", d.kv_heads * hd, d.hidden),
+            (f"blk.{i}.attn_output", d.hidden, d.heads * hd),
+            (f"blk.{i}.ffn_gate", d.ffn, d.hidden),
+            (f"blk.{i}.ffn_up", d.ffn, d.hidden),
+            (f"blk.{i}.ffn_down", d.hidden, d.ffn),
         ]
-    shapes.append(("output", VOCAB, HIDDEN))
+    shapes.append(("output", d.vocab, d.hidden))
     return shapes
 
 
@@ -132,100 +103,12 @@ def distinct_shapes() -> list[dict[str, Any]]:
     return list(seen.values())
 
 
-def write_f16_target(path: Path, dims: Dims = Dims(), seed: int = SEED) -> None:
-    """Write a random f16 target (tensor by tensor, so memory stays at one tensor)."""
-    from mtp_bindings.benchmark.models import random_matrix, tokenizer_fields
-
-    gguf = _gguf()
-    arch = "gemma4"
-    w = gguf.GGUFWriter(path, arch)
-    w.add_name("Decode scaling target (E2B width, random)")
-    w.add_uint32(f"{arch}.block_count", len(dims.layers))
-    w.add_uint32(f"{arch}.context_length", 4096)
-    w.add_uint32(f"{arch}.embedding_length", dims.hidden)
-    w.add_uint32(f"{arch}.feed_forward_length", dims.ffn)
-    w.add_uint32(f"{arch}.attention.head_count", dims.heads)
-    w.add_uint32(f"{arch}.attention.head_count_kv", dims.kv_heads)
-    w.add_float32(f"{arch}.rope.freq_base", 1_000_000.0)
-    w.add_float32(f"{arch}.rope.freq_base_swa", 10_000.0)
-    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
-    w.add_uint32(f"{arch}.attention.key_length", dims.global_head_dim)
-    w.add_uint32(f"{arch}.attention.value_length", dims.global_head_dim)
-    w.add_uint32(f"{arch}.attention.key_length_swa", dims.head_dim)
-    w.add_uint32(f"{arch}.attention.value_length_swa", dims.head_dim)
-    w.add_uint32("general.file_type", FTYPES["f16"])
-    w.add_float32(f"{arch}.final_logit_softcapping", 30.0)
-    w.add_uint32(f"{arch}.attention.sliding_window", dims.window)
-    w.add_uint32(f"{arch}.attention.shared_kv_layers", 0)
-    w.add_uint32(f"{arch}.embedding_length_per_layer_input", 0)
-    w.add_array(f"{arch}.attention.sliding_window_pattern", list(dims.layers))
-    w.add_uint32(f"{arch}.rope.dimension_count", dims.global_head_dim)
-    w.add_uint32(f"{arch}.rope.dimension_count_swa", dims.head_dim)
-    w.add_uint32("general.quantization_version", 2)
-    for key, value, vtype, sub in tokenizer_fields(gguf, TOKENIZER_SOURCE, dims.vocab):
-        w.add_key_value(key, value, vtype, sub_type=sub)
-
-    rng = np.random.default_rng(seed)
-    n_rot = dims.global_head_dim // 8  # proportional rope, partial_rotary_factor 0.25
-    tensors: list[tuple[str, tuple[int, ...], Any]] = [
-        ("rope_freqs.weight", (dims.global_head_dim // 2,),
-         lambda: np.array([1.0] * n_rot + [1e30] * (dims.global_head_dim // 2 - n_rot), dtype=np.float32)),
-        ("token_embd.weight", (dims.vocab, dims.hidden), None),
-    ]
-    for i, swa in enumerate(dims.layers):
-        hd = dims.head_dim if swa else dims.global_head_dim
-        ones = (lambda n: (lambda: np.ones(n, dtype=np.float32)))
-        tensors += [
-            (f"blk.{i}.attn_norm.weight", (dims.hidden,), ones(dims.hidden)),
-            (f"blk.{i}.layer_output_scale.weight", (1,), ones(1)),
-            (f"blk.{i}.ffn_down.weight", (dims.hidden, dims.ffn), None),
-            (f"blk.{i}.ffn_gate.weight", (dims.ffn, dims.hidden), None),
-            (f"blk.{i}.ffn_up.weight", (dims.ffn, dims.hidden), None),
-            (f"blk.{i}.post_attention_norm.weight", (dims.hidden,), ones(dims.hidden)),
-            (f"blk.{i}.post_ffw_norm.weight", (dims.hidden,), ones(dims.hidden)),
-            (f"blk.{i}.ffn_norm.weight", (dims.hidden,), ones(dims.hidden)),
-            (f"blk.{i}.attn_k_norm.weight", (hd,), ones(hd)),
-            (f"blk.{i}.attn_k.weight", (dims.kv_heads * hd, dims.hidden), None),
-            (f"blk.{i}.attn_output.weight", (dims.hidden, dims.heads * hd), None),
-            (f"blk.{i}.attn_q_norm.weight", (hd,), ones(hd)),
-            (f"blk.{i}.attn_q.weight", (dims.heads * hd, dims.hidden), None),
-            (f"blk.{i}.attn_v.weight", (dims.kv_heads * hd, dims.hidden), None),
-        ]
-    tensors.append(("output_norm.weight", (dims.hidden,), lambda: np.ones(dims.hidden, dtype=np.float32)))
-
-    for name, shape, _ in tensors:
-        dtype = np.float16 if len(shape) == 2 else np.float32
-        w.add_tensor_info(name, shape, np.dtype(dtype), int(np.prod(shape)) * np.dtype(dtype).itemsize)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for name, shape, make in tensors:
-        w.write_tensor_data(random_matrix(rng, shape) if make is None else make())
-    w.close()
-
-
-def quantize(src: Path, dst: Path, ftype: int, threads: int) -> None:
-    from mtp_bindings.low_level import ensure_initialised, ffi, lib
-
-    ensure_initialised()
-    params = lib.llama_model_quantize_default_params()
-    params.nthread = threads
-    params.ftype = ftype
-    # pure: every matrix, token_embd included, in the one type; Q4_K_M is a mix by definition
-    params.pure = ftype != FTYPES["q4_K_M"]
-    rc = lib.llama_model_quantize(str(src).encode(), str(dst).encode(), ffi.new("llama_model_quantize_params *", params))
-    if rc != 0:
-        raise RuntimeError(f"llama_model_quantize({src} -> {dst}) failed with {rc}")
-
-
 def build_models(cache: Path, types: Sequence[str], threads: int) -> dict[str, Path]:
     cache.mkdir(parents=True, exist_ok=True)
     paths = {t: cache / f"e2b-width-{t}.gguf" for t in TYPES}
     if not paths["f16"].is_file():
         log(f"writing {paths['f16']}")
-        tmp = paths["f16"].with_suffix(".tmp")
-        write_f16_target(tmp)
-        tmp.rename(paths["f16"])
+        write_f16_target(paths["f16"], E2B, SEED, TOKENIZER_SOURCE, name="Decode scaling target (E2B width, random)")
     for t in types:
         if not paths[t].is_file():
             log(f"quantizing {paths[t]}")
@@ -738,9 +621,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "meta": {
             "cpu": _cpu_name(), "cores": os.cpu_count(), "threads": args.threads,
             "python": platform.python_version(),
-            "model": {"hidden": HIDDEN, "ffn": FFN, "heads": N_HEAD, "kv_heads": N_HEAD_KV,
-                      "head_dim": HEAD_DIM_SWA, "global_head_dim": HEAD_DIM_FULL, "window": SLIDING_WINDOW,
-                      "vocab": VOCAB, "layers": ["S" if s else "F" for s in LAYERS]},
+            "model": {**dataclasses.asdict(E2B), "layers": ["S" if s else "F" for s in E2B.layers]},
             "note": "medians of interleaved runs; ratios within one process; the machine may be shared",
         },
         "shapes": distinct_shapes(),

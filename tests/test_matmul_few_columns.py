@@ -14,13 +14,13 @@ Both run in subprocesses, so that a kernel fault fails a test instead of killing
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from fixture_paths import fixture_path
 from ggml_programs import compile_ggml_program
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,26 +94,18 @@ print(json.dumps(out))
 """
 
 
-def _bench_module():  # noqa: ANN202
-    spec = importlib.util.spec_from_file_location("decode_scaling", BENCH / "decode_scaling.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["decode_scaling"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def small_targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Small random Gemma 4 targets (hidden 256) in f16, q8_0, q4_K and q4_K_M."""
-    ds = _bench_module()
+    from mtp_bindings.benchmark.models import FTYPES, Dims, quantize, write_f16_target
+
     d = tmp_path_factory.mktemp("few-columns")
-    dims = ds.Dims(hidden=256, ffn=512, heads=2, kv_heads=1, head_dim=128, global_head_dim=256, window=64,
-                   vocab=1024, layers=(True, False))
+    dims = Dims(hidden=256, ffn=512, heads=2, kv_heads=1, head_dim=128, global_head_dim=256, window=64,
+                vocab=1024, layers=(True, False))
     paths = {t: d / f"{t}.gguf" for t in ("f16", "q8_0", "q4_K", "q4_K_M")}
-    ds.write_f16_target(paths["f16"], dims, seed=5)
+    write_f16_target(paths["f16"], dims, seed=5, tokenizer=fixture_path("dense-target.gguf"))
     for t in ("q8_0", "q4_K", "q4_K_M"):
-        ds.quantize(paths["f16"], paths[t], ds.FTYPES[t], 2)
+        quantize(paths["f16"], paths[t], FTYPES[t], 2)
     return paths
 
 

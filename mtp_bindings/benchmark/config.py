@@ -33,6 +33,24 @@ def llama_server_path() -> Path:
 DEFAULT_PROMPT = "import os\nimport sys\n\n\ndef parse_args(argv):\n"
 
 
+@dataclass(frozen=True)
+class BenchSampling:
+    """The sampling every cell uses on both systems, in process and in the HTTP body alike, with
+    llama.cpp's names (``generate`` and both servers take them). The benchmark's choice, not the
+    library's defaults: llama-server's top-k, no nucleus or min-p cut, so that only the temperature
+    varies between cells."""
+
+    top_k: int = 40
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    def kwargs(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+SAMPLING = BenchSampling()
+
+
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 

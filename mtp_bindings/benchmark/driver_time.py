@@ -1,8 +1,8 @@
-"""The Python driver's own time per round (native calls timed, py-spy profile)."""
+"""The Python driver's own time per round: native calls timed through the context's ``observer``
+hook, a cProfile and a py-spy profile of the generation loop."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import shutil
@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,51 +20,25 @@ from .util import median
 
 # --- the Python driver's own time -----------------------------------------------------------------
 
-class _TimedLib:
-    """Stands in for the cffi ``lib`` in the binding modules: every call is timed into ``acc``."""
+class NativeTime:
+    """A context's :attr:`~mtp_bindings.context.Context.observer`: adds up the seconds of the native
+    calls the context reports (every ``llama_decode`` and MTP submit / wait / synchronous draft).
 
-    def __init__(self, lib: Any, acc: list[float]) -> None:
-        object.__setattr__(self, "_lib", lib)
-        object.__setattr__(self, "_acc", acc)
+    Not counted, so they land in the driver's share: the cheap native calls outside that hook
+    (``llama_get_logits_ith`` / ``llama_get_embeddings_ith`` pointer look-ups, the KV rollback's
+    ``llama_memory_seq_rm``, vocabulary queries); each takes well under a microsecond to a few
+    microseconds, less than timing it would add."""
 
-    def __getattr__(self, name: str) -> Any:
-        fn = getattr(self._lib, name)
-        if not callable(fn):
-            return fn
-        acc, pc = self._acc, time.perf_counter
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.calls = 0
 
-        def timed(*args: Any) -> Any:
-            t0 = pc()
-            try:
-                return fn(*args)
-            finally:
-                acc[0] += pc() - t0
-                acc[1] += 1
+    def __call__(self, name: str, seconds: float) -> None:
+        self.seconds += seconds
+        self.calls += 1
 
-        object.__setattr__(self, name, timed)
-        return timed
-
-
-@contextlib.contextmanager
-def native_timer() -> Iterator[list[float]]:
-    """Time every native (libllama) call the bindings make: yields ``[seconds, calls]``. Patches
-    the ``lib`` the binding modules imported; contexts must be created inside (the MTP state
-    caches its function pointers)."""
-    from .. import context as m_context
-    from .. import model as m_model
-    from .. import mtp as m_mtp
-
-    acc = [0.0, 0]
-    mods = (m_context, m_model, m_mtp)
-    saved = [m.lib for m in mods]
-    proxy = _TimedLib(saved[0], acc)
-    for m in mods:
-        m.lib = proxy
-    try:
-        yield acc
-    finally:
-        for m, lib in zip(mods, saved):
-            m.lib = lib
+    def reset(self) -> None:
+        self.seconds, self.calls = 0.0, 0
 
 
 def driver_overhead(model: Any, prompt_ids: list[int], *, threads: int, n_out: int, draft_ns: Sequence[int],
@@ -72,34 +46,35 @@ def driver_overhead(model: Any, prompt_ids: list[int], *, threads: int, n_out: i
                     n_ctx: int = 2048) -> list[dict[str, Any]]:
     """Round wall time minus time inside native calls, per round, for plain and MTP generation."""
     rows = []
-    with native_timer() as acc:
-        ctx = model.create_context(n_ctx=n_ctx, n_threads=threads, flash_attn="off", embeddings=model.has_assistant)
-        try:
-            model.generate(prompt_ids, context=ctx, max_tokens=8, draft_n_max=draft_ns[0] if draft_ns else 0)
-            configs = [("plain", 0, True)] + [(f"mtp depth2 {'on' if d2 else 'off'}", n, d2)
-                                              for n in draft_ns for d2 in (False, True)]
-            for temp in temps:
-                for name, n, d2 in configs:
-                    per_round, native_share, rounds_all = [], [], []
-                    for run in range(runs):
-                        acc[0], acc[1] = 0.0, 0
-                        r = model.generate(prompt_ids, context=ctx, max_tokens=n_out, temperature=temp, seed=7 + run,
-                                           draft_n_max=n, depth2=d2, logit_bias=bias or None, skip_streak=0)
-                        st = r.stats
-                        native_s = acc[0]
-                        # prompt decode is native too: wall of the generation = t_total
-                        driver = max(st.t_total - native_s, 0.0)
-                        rounds = max(st.n_rounds, 1)
-                        per_round.append(driver / rounds)
-                        native_share.append(native_s / st.t_total if st.t_total else 0.0)
-                        rounds_all.append(rounds)
-                    rows.append({"config": name, "draft_n": n, "temp": temp, "n_out": n_out,
-                                 "driver_us_per_round": median(per_round) * 1e6,
-                                 "driver_us_per_round_all": [x * 1e6 for x in per_round],
-                                 "native_share": median(native_share), "rounds": median(rounds_all),
-                                 "native_calls_per_round": acc[1] / max(rounds_all[-1], 1)})
-        finally:
-            ctx.close()
+    native = NativeTime()
+    ctx = model.create_context(n_ctx=n_ctx, n_threads=threads, flash_attn="off", embeddings=model.has_assistant)
+    ctx.observer = native
+    try:
+        model.generate(prompt_ids, context=ctx, max_tokens=8, draft_n_max=draft_ns[0] if draft_ns else 0)
+        configs = [("plain", 0, True)] + [(f"mtp depth2 {'on' if d2 else 'off'}", n, d2)
+                                          for n in draft_ns for d2 in (False, True)]
+        for temp in temps:
+            for name, n, d2 in configs:
+                per_round, native_share, rounds_all = [], [], []
+                for run in range(runs):
+                    native.reset()
+                    r = model.generate(prompt_ids, context=ctx, max_tokens=n_out, temperature=temp, seed=7 + run,
+                                       draft_n_max=n, depth2=d2, logit_bias=bias or None, skip_streak=0)
+                    st = r.stats
+                    native_s = native.seconds
+                    # prompt decode is native too: wall of the generation = t_total
+                    driver = max(st.t_total - native_s, 0.0)
+                    rounds = max(st.n_rounds, 1)
+                    per_round.append(driver / rounds)
+                    native_share.append(native_s / st.t_total if st.t_total else 0.0)
+                    rounds_all.append(rounds)
+                rows.append({"config": name, "draft_n": n, "temp": temp, "n_out": n_out,
+                             "driver_us_per_round": median(per_round) * 1e6,
+                             "driver_us_per_round_all": [x * 1e6 for x in per_round],
+                             "native_share": median(native_share), "rounds": median(rounds_all),
+                             "native_calls_per_round": native.calls / max(rounds_all[-1], 1)})
+    finally:
+        ctx.close()
     return rows
 
 
@@ -150,7 +125,9 @@ import json
 open(stats_path, "w").write(json.dumps({"rounds": rounds, "gen_s": gen_s}))
 """
 
-_NATIVE_LINE = re.compile(r"\blib\.\w+\(|self\._(?:async|wait|sync)\(")
+# a source line that calls into libllama: ``lib.llama_...(`` in the bindings, and the MTP session's
+# one call site (``MTPSession._call``: ``fn(*args)``)
+_NATIVE_LINE = re.compile(r"\blib\.\w+\(|\bfn\(\*args\)")
 
 
 def py_spy_driver_profile(target: Path, assistant: Path, *, threads: int, n_out: int, draft_n: int, seconds: float,

@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import BenchConfig, Setup, log, setups
+from ..params import resolve_flash_attn
+from .config import SAMPLING, BenchConfig, Setup, log, setups
 from .util import CpuMeter, ServerProcess, cpu_seconds, free_port, median, ours_serve_argv, spread, upstream_argv
 
 
@@ -63,7 +64,7 @@ def request_body(prompt_ids: list[int], max_tokens: int, temp: float, seed: int,
     """The one request body both servers get (each ignores the other's extras)."""
     return {
         "model": "bench", "prompt": prompt_ids, "max_tokens": max_tokens, "n_predict": max_tokens,
-        "temperature": temp, "top_k": 40, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0,
+        "temperature": temp, **SAMPLING.kwargs(), "typical_p": 1.0,
         "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "seed": seed,
         "logit_bias": {str(t): b for t, b in bias.items()}, "cache_prompt": False, "return_tokens": True,
         "stream": False, "speculative.n_max": draft_n, "draft_n_max": draft_n,
@@ -153,8 +154,8 @@ class MatrixRunner:
     def _ours_inproc(self, model: Any, ctx: Any, s: System, prompt_ids: list[int], n_out: int, temp: float,
                      seed: int, bias: dict[int, float], kv: str, run: int) -> Sample:
         c0 = cpu_seconds()
-        r = model.generate(prompt_ids, context=ctx, max_tokens=n_out, temperature=temp, top_k=40, top_p=1.0,
-                           min_p=0.0, seed=seed, logit_bias=bias or None,
+        r = model.generate(prompt_ids, context=ctx, max_tokens=n_out, temperature=temp,
+                           **SAMPLING.kwargs(), seed=seed, logit_bias=bias or None,
                            draft_n_max=s.draft_n if s.mtp != "off" else 0, depth2=(s.mtp == "depth2"),
                            skip_streak=0)
         cpu = cpu_seconds() - c0
@@ -222,7 +223,7 @@ class MatrixRunner:
                 models["dense"] = Model(setup.target, assistant=setup.dense_assistant)
             prompt_ids = models[""].tokenize(cfg.prompt)
             bias = eog_bias(models[""]) if cfg.suppress_eog else {}
-            fa = "off" if setup.kv in ("f16", "f32") else "on"
+            fa = resolve_flash_attn("auto", setup.kv)  # the value the servers get too (util.py)
             ctxs = {head: m.create_context(n_ctx=cfg.n_ctx, n_threads=cfg.threads, type_k=setup.kv, type_v=setup.kv,
                                            flash_attn=fa, embeddings=bool(cfg.draft_ns)) for head, m in models.items()}
             ups: dict[System, ServerProcess] = {}

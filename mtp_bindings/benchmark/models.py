@@ -1,8 +1,9 @@
-"""Random Gemma 4 target + assistant pairs at real widths (E2B) for the cost part."""
+"""Random-weight Gemma 4 models at real widths for the benchmarks: the E2B-width target (also
+``bench/decode_scaling.py``'s, and ``tests/test_matmul_few_columns.py``'s at small widths), its
+quantized copies, and the dense / centroid-head assistants of the cost part."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -11,8 +12,29 @@ from typing import Any
 
 import numpy as np
 
-from .config import BUNDLED, BenchConfig, PKG, log
+from .config import BUNDLED, BenchConfig, log
 
+
+@dataclass(frozen=True)
+class Dims:
+    """Widths of a Gemma 4 target (defaults: E2B's text decoder, 4 of its layers)."""
+
+    hidden: int = 1536
+    ffn: int = 6144
+    heads: int = 8
+    kv_heads: int = 1
+    head_dim: int = 256          # sliding-window layers
+    global_head_dim: int = 512   # full-attention layers
+    window: int = 512
+    vocab: int = 262144
+    layers: tuple[bool, ...] = (True, True, True, False)  # sliding-window pattern: [S, S, S, F]
+
+
+E2B = Dims()
+TARGET_SEED = 8
+# llama_ftype: MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_Q4_K_S (pure), MOSTLY_Q4_K_M (LM head and part of ffn_down/attn_v
+# in Q6_K, what most published GGUFs are)
+FTYPES = {"f16": 1, "q8_0": 7, "q4_K": 14, "q4_K_M": 15}
 
 
 @dataclass(frozen=True)
@@ -36,14 +58,19 @@ class Shape:
     n_centroids: int
     top_k: int
 
+    @property
+    def target(self) -> Dims:
+        return Dims(self.hidden, self.ffn, self.n_head, self.n_head_kv, self.hd_swa, self.hd_full, self.window,
+                    self.vocab, self.layers)
+
 
 SHAPES = {
-    # Gemma 4 E2B: text decoder 1536 wide (4 of its layers), assistant 256 wide with 4 layers
-    # [S, S, S, F]; head_dim 256 (sliding) / 512 (global), one KV head, vocab 262144, centroid head
-    # of 2048 centroids, top-32. The assistant's FFN width (2048) and query heads (4) are our
-    # assumption; the per-step cost is dominated by the LM head (262144 x 256) either way.
-    "e2b": Shape("e2b", 262144, 1536, 6144, 8, 1, 256, 512, 512, (True, True, True, False),
-                 256, 2048, 4, (True, True, True, False), 2048, 32),
+    # Gemma 4 E2B: the target above; assistant 256 wide with 4 layers [S, S, S, F]; head_dim 256
+    # (sliding) / 512 (global), one KV head, vocab 262144, centroid head of 2048 centroids, top-32.
+    # The assistant's FFN width (2048) and query heads (4) are our assumption; the per-step cost is
+    # dominated by the LM head (262144 x 256) either way.
+    "e2b": Shape("e2b", E2B.vocab, E2B.hidden, E2B.ffn, E2B.heads, E2B.kv_heads, E2B.head_dim, E2B.global_head_dim,
+                 E2B.window, E2B.layers, 256, 2048, 4, (True, True, True, False), 2048, 32),
     # seconds-long smoke version
     "tiny": Shape("tiny", 4096, 128, 256, 2, 1, 32, 64, 64, (True, True, True, False),
                   64, 128, 2, (True, True, True, False), 64, 4),
@@ -148,16 +175,18 @@ def _layer_tensors(rng: np.random.Generator, i: int, hidden: int, ffn: int, n_he
         (f"blk.{i}.post_attention_norm.weight", (hidden,), f32, ones(hidden)),
         (f"blk.{i}.post_ffw_norm.weight", (hidden,), f32, ones(hidden)),
         (f"blk.{i}.ffn_norm.weight", (hidden,), f32, ones(hidden)),
+    ]
+    # this order fixes which random draws each matrix gets: keep it (cached files stay comparable)
+    if with_kv:
+        t += [(f"blk.{i}.attn_k_norm.weight", (hd,), f32, ones(hd)),
+              (f"blk.{i}.attn_k.weight", (n_head_kv * hd, hidden), f16, mat(n_head_kv * hd, hidden))]
+    t += [
         (f"blk.{i}.attn_output.weight", (hidden, n_head * hd), f16, mat(hidden, n_head * hd)),
         (f"blk.{i}.attn_q_norm.weight", (hd,), f32, ones(hd)),
         (f"blk.{i}.attn_q.weight", (n_head * hd, hidden), f16, mat(n_head * hd, hidden)),
     ]
     if with_kv:
-        t += [
-            (f"blk.{i}.attn_k_norm.weight", (hd,), f32, ones(hd)),
-            (f"blk.{i}.attn_k.weight", (n_head_kv * hd, hidden), f16, mat(n_head_kv * hd, hidden)),
-            (f"blk.{i}.attn_v.weight", (n_head_kv * hd, hidden), f16, mat(n_head_kv * hd, hidden)),
-        ]
+        t.append((f"blk.{i}.attn_v.weight", (n_head_kv * hd, hidden), f16, mat(n_head_kv * hd, hidden)))
     return t
 
 
@@ -166,22 +195,42 @@ def _rope_freqs(hd_full: int) -> Callable[[], np.ndarray]:
     return lambda: np.array([1.0] * n_rot + [1e30] * (hd_full // 2 - n_rot), dtype=np.float32)
 
 
-def write_target(path: Path, shape: Shape, tokenizer_src: Path, seed: int = 8) -> None:
-    """A random Gemma 4 target of ``shape`` (f16 matrices, tied embeddings)."""
+def write_f16_target(path: Path, dims: Dims = E2B, seed: int = TARGET_SEED, tokenizer: Path | None = None,
+                     name: str | None = None) -> None:
+    """A random Gemma 4 target of ``dims`` (f16 matrices, tied embeddings), tensor by tensor (memory
+    stays at one tensor). ``tokenizer``: a GGUF whose vocabulary is used, padded with unused tokens
+    to ``dims.vocab`` (default: the bundled trained target's)."""
     gguf = _gguf_module()
     arch = "gemma4"
     rng = np.random.default_rng(seed)
-    kv = _common_kv(arch, shape.hidden, shape.ffn, shape.n_head, shape.n_head_kv, shape.hd_swa, shape.hd_full,
-                     shape.window, shape.layers)
+    kv: list[tuple[str, str, Any]] = [("string", "general.name", name)] if name else []
+    kv += _common_kv(arch, dims.hidden, dims.ffn, dims.heads, dims.kv_heads, dims.head_dim, dims.global_head_dim,
+                     dims.window, dims.layers)
     kv += [("float32", f"{arch}.final_logit_softcapping", 30.0), ("uint32", f"{arch}.attention.shared_kv_layers", 0)]
-    tensors: list[Any] = [("rope_freqs.weight", (shape.hd_full // 2,), np.float32, _rope_freqs(shape.hd_full)),
-                          ("token_embd.weight", (shape.vocab, shape.hidden), np.float16,
-                           lambda: random_matrix(rng, (shape.vocab, shape.hidden)))]
-    for i, swa in enumerate(shape.layers):
-        tensors += _layer_tensors(rng, i, shape.hidden, shape.ffn, shape.n_head, shape.n_head_kv,
-                                  shape.hd_swa if swa else shape.hd_full, with_kv=True)
-    tensors.append(("output_norm.weight", (shape.hidden,), np.float32, lambda: np.ones(shape.hidden, dtype=np.float32)))
-    _write_gguf(path, arch, kv, tokenizer_fields(gguf, tokenizer_src, shape.vocab), tensors)
+    tensors: list[Any] = [("rope_freqs.weight", (dims.global_head_dim // 2,), np.float32, _rope_freqs(dims.global_head_dim)),
+                          ("token_embd.weight", (dims.vocab, dims.hidden), np.float16,
+                           lambda: random_matrix(rng, (dims.vocab, dims.hidden)))]
+    for i, swa in enumerate(dims.layers):
+        tensors += _layer_tensors(rng, i, dims.hidden, dims.ffn, dims.heads, dims.kv_heads,
+                                  dims.head_dim if swa else dims.global_head_dim, with_kv=True)
+    tensors.append(("output_norm.weight", (dims.hidden,), np.float32, lambda: np.ones(dims.hidden, dtype=np.float32)))
+    _write_gguf(path, arch, kv, tokenizer_fields(gguf, tokenizer or BUNDLED / "trained-target.gguf", dims.vocab),
+                tensors)
+
+
+def quantize(src: Path, dst: Path, ftype: int, threads: int) -> None:
+    """``llama_model_quantize`` ``src`` to ``dst`` as ``ftype`` (:data:`FTYPES`): pure, every matrix
+    (token_embd included) in the one type, except Q4_K_M, a mix by definition."""
+    from ..low_level import ensure_initialised, ffi, lib
+
+    ensure_initialised()
+    params = lib.llama_model_quantize_default_params()
+    params.nthread = threads
+    params.ftype = ftype
+    params.pure = ftype != FTYPES["q4_K_M"]
+    rc = lib.llama_model_quantize(str(src).encode(), str(dst).encode(), ffi.new("llama_model_quantize_params *", params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({src} -> {dst}) failed with {rc}")
 
 
 def write_assistant(path: Path, shape: Shape, target: Path, centroid: bool, seed: int = 9) -> None:
@@ -214,47 +263,15 @@ def write_assistant(path: Path, shape: Shape, target: Path, centroid: bool, seed
     _write_gguf(path, arch, kv, tokenizer_fields(gguf, target, None), tensors)
 
 
-def _decode_scaling_module() -> Any | None:
-    """``bench/decode_scaling.py`` of a source checkout (it builds the E2B-width target), if here."""
-    for root in (Path.cwd(), PKG.parent):
-        p = root / "bench" / "decode_scaling.py"
-        if p.is_file():
-            import importlib.util
-
-            spec = importlib.util.spec_from_file_location("_mtp_decode_scaling", p)
-            if spec is None or spec.loader is None:
-                return None
-            mod = importlib.util.module_from_spec(spec)
-            try:
-                spec.loader.exec_module(mod)
-            except Exception as e:  # another engineer's tool: never let it break the benchmark
-                log(f"cost: bench/decode_scaling.py not usable ({e}); writing the target here")
-                return None
-            return mod
-    return None
-
-
 def build_cost_models(cfg: BenchConfig) -> dict[str, Path]:
-    """Target + dense assistant + centroid assistant of ``cfg.cost_shape``, cached in
-    ``cfg.cost_cache`` (the E2B target is taken from ``bench/decode_scaling.py``'s cache when that
-    tool is here: the same widths)."""
+    """Target + dense assistant + centroid assistant of ``cfg.cost_shape``, cached in ``cfg.cost_cache``."""
     shape = SHAPES[cfg.cost_shape]
     cache = cfg.cost_cache
     cache.mkdir(parents=True, exist_ok=True)
     target = cache / f"{shape.name}-target-f16.gguf"
-    if shape.name == "e2b" and not target.is_file():
-        ds = _decode_scaling_module()
-        if ds is not None and (ds.HIDDEN, ds.VOCAB, tuple(ds.LAYERS)) == (shape.hidden, shape.vocab, shape.layers):
-            try:
-                log("cost: E2B-width target from bench/decode_scaling.py")
-                src = Path(ds.build_models(Path(ds.DEFAULT_CACHE), ["f16"], cfg.threads)["f16"])
-                with contextlib.suppress(OSError):
-                    target.symlink_to(src.resolve())
-            except Exception as e:
-                log(f"cost: decode_scaling's build failed ({e}); writing the target here")
     if not target.is_file():
         log(f"cost: writing {target}")
-        write_target(target, shape, BUNDLED / "trained-target.gguf")
+        write_f16_target(target, shape.target)
     paths = {"target": target}
     for kind in ("dense", "centroid"):
         p = cache / f"{shape.name}-assistant-{kind}-f16.gguf"

@@ -208,13 +208,16 @@ def package_fingerprint() -> dict[str, Any]:
     is rebuilt by others while benchmarks run; a change mid-run is reported."""
     from .. import low_level
 
+    pkg = Path(low_level.__file__).parent
     out = {}
+    # the speculative loop lives in generation/ (every module there), on context.py and mtp.py
     files = [*sorted(low_level.library_dir().glob("*.so")), llama_server_path(),
-             *(Path(low_level.__file__).parent / f for f in ("speculative.py", "context.py", "mtp.py", "sampling.py"))]
+             pkg / "context.py", pkg / "mtp.py", *sorted((pkg / "generation").glob("*.py"))]
     for f in files:
         with contextlib.suppress(OSError):
             st = f.stat()
-            out[f.name] = [int(st.st_mtime), st.st_size]
+            name = f"generation/{f.name}" if f.parent.name == "generation" else f.name
+            out[name] = [int(st.st_mtime), st.st_size]
     return out
 
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..params import resolve_flash_attn
 from .config import llama_server_path
 
 
@@ -212,7 +213,7 @@ class ServerProcess:
 
 def upstream_argv(target: Path, port: int, *, threads: int, n_ctx: int, kv: str, assistant: Path | None = None,
                   draft_n: int = 0, verbose: bool = False, extra: Sequence[str] = ()) -> list[str]:
-    fa = "off" if kv in ("f16", "f32") else "on"  # a quantized V cache needs flash attention
+    fa = resolve_flash_attn("auto", kv)  # explicit: llama-server's own "auto" follows another rule
     argv = [str(llama_server_path()), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "-c", str(n_ctx),
             "-t", str(threads), "-tb", str(threads), "-np", "1", "-fa", fa, "-ctk", kv, "-ctv", kv,
             "--no-webui", "-cram", "0"]
@@ -226,7 +227,7 @@ def upstream_argv(target: Path, port: int, *, threads: int, n_ctx: int, kv: str,
 
 def ours_serve_argv(target: Path, port: int, *, threads: int, n_ctx: int, kv: str, assistant: Path | None,
                     depth2: bool = True) -> list[str]:
-    fa = "off" if kv in ("f16", "f32") else "on"
+    fa = resolve_flash_attn("auto", kv)
     argv = [sys.executable, "-m", "mtp_bindings.cli", "serve", "-m", str(target), "--port", str(port),
             "-c", str(n_ctx), "-t", str(threads), "-ctk", kv, "-ctv", kv, "-fa", fa]
     if assistant is None:
