@@ -1,33 +1,20 @@
-"""The text of the C API's MTP status codes (``enum llama_mtp_status`` of the patched ``llama.h``).
-
-The one Python copy of that table, until the C API says it itself (``llama_mtp_status_str``);
-:mod:`._native` checks at import that it names every code the compiled header declares. Pure
-Python, so error texts can be tested without the compiled extension.
-"""
+"""The C API's MTP status codes (``enum llama_mtp_status`` of the patched ``llama.h``) and what they
+mean, as the library itself says it (``llama_mtp_status_str``, patch 0020): no second table here."""
 
 from __future__ import annotations
 
-MTP_OK = 0
-MTP_ERR_NO_ASSISTANT = -6
-MTP_ERR_BUSY = -7
+from ._native import ffi, lib
 
-MTP_STATUS: dict[int, str] = {
-    -1: "invalid argument (a NULL pointer)",
-    -2: "the assistant file could not be loaded (unreadable or malformed)",
-    -3: "not a Gemma 4 assistant for this target (architecture or attention layout)",
-    -4: "the assistant's backbone width does not match the target's hidden size",
-    -5: "the assistant's vocabulary is not compatible with the target's",
-    -6: "no MTP assistant is attached to the model",
-    -7: "an MTP request is already in flight (or nothing is pending to wait for)",
-    -8: "invalid seq_id",
-    -9: "n_steps out of range",
-    -10: "attn_pos must be the sequence's last KV position (llama_memory_seq_pos_max)",
-    -11: "last_token is outside the vocabulary",
-    -12: "the MTP graph computation failed",
-    -13: "an assistant is already attached to this model",
-}
+MTP_OK = int(lib.LLAMA_MTP_OK)
+MTP_ERR_NO_ASSISTANT = int(lib.LLAMA_MTP_ERR_NO_ASSISTANT)
+MTP_ERR_BUSY = int(lib.LLAMA_MTP_ERR_BUSY)
+MTP_ERR_WINDOW = int(lib.LLAMA_MTP_ERR_WINDOW)
+
+# every code the header declares, by value (for tests and for callers that list them)
+MTP_STATUS_CODES: tuple[int, ...] = tuple(sorted(int(getattr(lib, n)) for n in dir(lib) if n.startswith("LLAMA_MTP_ERR_")))
 
 
 def status_text(rc: int) -> str:
-    """What MTP status ``rc`` means (``error N`` for a code this table does not know)."""
-    return MTP_STATUS.get(rc, f"error {rc}")
+    """What MTP status ``rc`` means, from the library (``error N`` for a code it does not know)."""
+    text = ffi.string(lib.llama_mtp_status_str(rc)).decode("utf-8", errors="replace")
+    return f"error {rc}" if text == "unknown MTP status" else text

@@ -72,3 +72,24 @@ def test_two_tokens_with_the_same_text_fail_the_load_instead_of_aborting(tmp_pat
 
     with pytest.raises(ModelLoadError, match="same text for tokens"):
         Model(bad)
+
+
+
+def test_an_assistant_with_another_sliding_window_is_refused_at_attach(tmp_path):
+    import struct
+
+    from mtp_bindings import AssistantLoadError, Model
+    from mtp_bindings.mtp_status import MTP_ERR_WINDOW
+
+    data = bytearray(fixture_path("dense-assistant.gguf").read_bytes())
+    key = b"gemma4-assistant.attention.sliding_window"
+    at = data.index(key) + len(key)  # then the value type (uint32: 4) and the value
+    assert struct.unpack_from("<II", data, at) == (4, 16)
+    struct.pack_into("<I", data, at + 4, 32)
+    path = tmp_path / "assistant-window-32.gguf"
+    path.write_bytes(bytes(data))
+    with Model(fixture_path("dense-target.gguf")) as model:
+        with pytest.raises(AssistantLoadError, match="sliding window") as err:
+            model.attach_assistant(path)
+        assert err.value.code == MTP_ERR_WINDOW
+        assert not model.has_assistant
