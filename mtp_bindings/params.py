@@ -25,6 +25,7 @@ SKIP_STREAK_MAX = 32
 THREADS_MAX = 512
 N_CTX_MAX = 1 << 24
 N_SEQ_MAX = 256
+LOGPROBS_MAX = 20  # alternatives per token a generation may report (OpenAI's top_logprobs bound)
 
 # Types a KV cache may hold (our names -> ggml's enum names) and flash-attention modes.
 KV_TYPES = {

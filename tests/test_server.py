@@ -287,7 +287,7 @@ def test_unknown_fields_are_ignored(server: Server, reference: Any) -> None:
 @pytest.mark.parametrize("field,value", [
     ("response_format", {"type": "json_object"}), ("tools", [{"type": "function", "function": {"name": "f"}}]),
     ("tool_choice", "required"), ("grammar", 'root ::= "a"'), ("json_schema", {"type": "object"}),
-    ("top_logprobs", 2), ("mirostat", 2), ("ignore_eos", True),
+    ("n_probs", 2), ("mirostat", 2), ("ignore_eos", True),
 ])
 def test_a_field_that_would_change_the_output_is_refused_by_name(server: Server, field: str, value: Any) -> None:
     with server.client() as c:
@@ -298,7 +298,7 @@ def test_a_field_that_would_change_the_output_is_refused_by_name(server: Server,
 
 def test_the_neutral_value_of_an_unsupported_field_passes(server: Server) -> None:
     body = {**CHAT_OK, "response_format": {"type": "text"}, "tools": [], "tool_choice": "none", "mirostat": 0,
-            "typical_p": 1.0, "top_logprobs": None, "ignore_eos": False}
+            "typical_p": 1.0, "n_probs": 0, "ignore_eos": False}
     with server.client() as c:
         r = c.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
@@ -363,7 +363,7 @@ BAD_BODIES = [
     ("chat-presence-high", "/v1/chat/completions", {**CHAT_OK, "presence_penalty": 5}, "presence_penalty",
      "invalid_value"),
     ("chat-n-2", "/v1/chat/completions", {**CHAT_OK, "n": 2}, "n", "invalid_value"),
-    ("chat-logprobs", "/v1/chat/completions", {**CHAT_OK, "logprobs": True}, "logprobs", "invalid_value"),
+    ("chat-logprobs-type", "/v1/chat/completions", {**CHAT_OK, "logprobs": 1}, "logprobs", "invalid_type"),
     ("done-prompt-obj", "/v1/completions", {"prompt": {"a": 1}}, "prompt", "invalid_type"),
     ("done-prompt-missing", "/v1/completions", {"max_tokens": 4}, "prompt", "missing_required_parameter"),
     ("done-prompt-many", "/v1/completions", {"prompt": ["a", "b"]}, "prompt", "invalid_value"),

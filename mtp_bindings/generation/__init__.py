@@ -9,6 +9,7 @@ One module per job, each importing only downward (see ARCHITECTURE.md):
 * :mod:`.drafter` -- drafters that propose tokens and take feedback (as transformers'
   ``CandidateGenerator``), and the skip-streak policy that wraps one;
 * :mod:`.verifier` -- the verify decode, the KV rollback and the hidden state to draft from;
+* :mod:`.logprobs` -- the emitted tokens' log-probabilities, from the rows verification has;
 * :mod:`.prefill` -- the prompt; :mod:`.loop` -- the round loop, which only orchestrates;
 * :mod:`.text` -- tokens to text pieces; :mod:`.trace` -- the NDJSON acceptance trace;
 * :mod:`.driver` -- the entry points ``generate`` and ``chat``.
@@ -24,11 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .driver import chat, generate
+    from .logprobs import TokenLogprob
     from .results import GenerationResult, TextPiece
     from .stats import GenerationStats
 
 _LAZY = {"generate": ".driver", "chat": ".driver", "GenerationResult": ".results", "TextPiece": ".results",
-         "GenerationStats": ".stats"}
+         "GenerationStats": ".stats", "TokenLogprob": ".logprobs"}
 
 
 def __getattr__(name: str) -> Any:
@@ -40,4 +42,4 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["generate", "chat", "GenerationResult", "GenerationStats", "TextPiece"]
+__all__ = ["generate", "chat", "GenerationResult", "GenerationStats", "TextPiece", "TokenLogprob"]

@@ -20,6 +20,7 @@ from ..exceptions import ContextOverflowError, InvalidParameterError
 from ..model import LlamaModel
 from ..params import DraftParams, SamplingParams
 from ..presets import resolve_preset
+from .logprobs import TOP_LOGPROBS_MAX, LogprobRecorder
 from .loop import token_rounds
 from .results import GenerationResult, TextPiece
 from .sampling import Sampler
@@ -81,6 +82,7 @@ def generate(
     parse_special: bool = TEXT_TOKENIZE["parse_special"],
     h_idx: str = "accepted",
     ignore_eos: bool = False,
+    logprobs: int | None = None,
 ) -> GenerationResult | Iterator[TextPiece]:
     """Generate a continuation of ``prompt`` (text or token ids).
 
@@ -102,6 +104,10 @@ def generate(
     batch of the prompt (tokens processed, prompt tokens). ``ignore_eos`` keeps generating through
     end-of-generation tokens (benchmarks, load tests). A generation that stops because the context
     is full has finish_reason ``length`` and ``stats.hit_context_limit`` set.
+    ``logprobs=k`` (0..20) adds each token's log-probability and its ``k`` most likely
+    alternatives (:class:`~.logprobs.TokenLogprob`: the target's own distribution, before
+    ``logit_bias``, penalties and temperature; the same with and without drafting) to the result's
+    and each piece's ``logprobs``; None (default) computes none.
     """
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
         raise InvalidParameterError(f"max_tokens must be a non-negative int, got {max_tokens!r}")
@@ -113,6 +119,9 @@ def generate(
                          logit_bias=logit_bias)
     logit_bias = sp.logit_bias
     opts = draft_params(draft_n_max, depth2, skip_streak, preset, h_idx, ignore_eos)
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                 or not 0 <= logprobs <= TOP_LOGPROBS_MAX):
+        raise InvalidParameterError(f"logprobs must be an int in 0..{TOP_LOGPROBS_MAX} or None, got {logprobs!r}")
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if not all(isinstance(s, str) for s in stops):
         raise InvalidParameterError("stop must be a string or a list of strings")
@@ -128,19 +137,21 @@ def generate(
     if len(tokens) >= ctx.n_ctx:
         raise ContextOverflowError(f"the prompt has {len(tokens)} tokens; the context holds {ctx.n_ctx}")
     it = _pieces(model, ctx, tokens, sp, max_tokens, stops, opts, env_trace() if trace is None else trace, cancel,
-                 prompt_progress)
+                 prompt_progress, None if logprobs is None else LogprobRecorder(logprobs))
     if stream:
         return it
     pieces = list(it)
     last = pieces[-1]
     assert last.stats is not None and last.finish_reason is not None
     return GenerationResult(text="".join(pieces), tokens=[t for p in pieces for t in p.tokens],
-                            stats=last.stats, finish_reason=last.finish_reason)
+                            stats=last.stats, finish_reason=last.finish_reason,
+                            logprobs=None if logprobs is None else [lp for p in pieces for lp in p.logprobs or []])
 
 
 def _pieces(model: LlamaModel, ctx: Context, prompt: list[int], sp: SamplingParams, max_tokens: int,
             stops: list[str], opts: DraftParams, trace: Any, cancel: Callable[[], bool] | None,
-            prompt_progress: Callable[[int, int], None] | None = None) -> Iterator[TextPiece]:
+            prompt_progress: Callable[[int, int], None] | None = None,
+            recorder: LogprobRecorder | None = None) -> Iterator[TextPiece]:
     stats = GenerationStats(n_prompt=len(prompt))
     tracer = Tracer.open(trace)
     text = TextAssembler(model, stops)
@@ -158,20 +169,21 @@ def _pieces(model: LlamaModel, ctx: Context, prompt: list[int], sp: SamplingPara
     t0 = time.perf_counter()
     with ctx.lock:  # one generation at a time on a context
         rounds = token_rounds(ctx, prompt, Sampler(sp), max_tokens, opts, stats, tracer,
-                              prompt_progress=watch) if max_tokens > 0 else iter(())
+                              prompt_progress=watch, logprobs=recorder) if max_tokens > 0 else iter(())
         try:
             for toks in rounds:
                 piece = text.feed(toks)
+                lps = None if recorder is None else recorder.take(len(toks))
                 if text.stopped:
                     finish = "stop"
-                    yield TextPiece(piece, toks)
+                    yield TextPiece(piece, toks, logprobs=lps)
                     break
                 if cancel is not None and cancel():
                     finish = "cancelled"
-                    yield TextPiece(piece, toks)
+                    yield TextPiece(piece, toks, logprobs=lps)
                     break
                 if piece or toks:
-                    yield TextPiece(piece, toks)
+                    yield TextPiece(piece, toks, logprobs=lps)
             else:
                 if stopped_in_prompt:
                     finish = "cancelled"
@@ -185,7 +197,7 @@ def _pieces(model: LlamaModel, ctx: Context, prompt: list[int], sp: SamplingPara
                 rounds.close()
             tracer.close()
             stats.t_total = time.perf_counter() - t0
-    yield TextPiece(text.flush(), [], stats, finish)
+    yield TextPiece(text.flush(), [], stats, finish, logprobs=None if recorder is None else [])
 
 
 def chat(model: LlamaModel, messages: Sequence[dict[str, str]], **kwargs: Any) -> GenerationResult | Iterator[TextPiece]:

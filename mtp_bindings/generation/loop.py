@@ -14,6 +14,7 @@ import numpy as np
 from ..context import Context
 from ..params import DraftParams
 from .drafter import Proposal, make_drafter
+from .logprobs import LogprobRecorder
 from .prefill import PromptProgress, prefill
 from .rejection import RejectionSampler
 from .sampling import Sampler
@@ -29,13 +30,15 @@ def plan(draft_n_max: int, remaining: int, attn_pos: int, n_ctx: int) -> int:
 
 def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_tokens: int, opts: DraftParams,
                  stats: GenerationStats, tracer: Tracer, seq_id: int = 0,
-                 prompt_progress: PromptProgress | None = None) -> Iterator[list[int]]:
+                 prompt_progress: PromptProgress | None = None,
+                 logprobs: LogprobRecorder | None = None) -> Iterator[list[int]]:
     """Yield the tokens each round produces (first the token sampled after the prompt).
 
     Stops at ``max_tokens``, at an end-of-generation token (not yielded) or when the context is
     full (``stats.hit_context_limit``); the caller may stop early by closing the generator. Any
     drafting work is drained on exit. ``prompt_progress(done, total)`` is called after each batch
-    of the prompt; returning False stops before anything is generated.
+    of the prompt; returning False stops before anything is generated. ``logprobs``, if given,
+    records each yielded token's logprobs from its row, before the next decode overwrites it.
     """
     model = ctx.model
     drafting = opts.draft_n_max > 0 and model.has_assistant  # type: ignore[attr-defined]
@@ -60,6 +63,8 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
         if model.is_eog(x) and not opts.ignore_eos:
             stats.hit_eog = True
             return
+        if logprobs is not None:
+            logprobs.record(ctx.logits_view(-1), x)
         history.append(x)
         stats.n_generated = 1
         drafter.prepare_next(attn_pos, x, h, plan(draft_n_max, max_tokens - 1, attn_pos, n_ctx))
@@ -104,6 +109,9 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
             eog = None if opts.ignore_eos else next((i for i, tok in enumerate(accepted) if model.is_eog(tok)), None)
             if eog is not None:
                 accepted = accepted[:eog]
+            if logprobs is not None:  # row i predicted accepted[i]; no decode since verify
+                for i, tok in enumerate(accepted):
+                    logprobs.record(rows[i], tok)
             history.extend(accepted)
             stats.n_generated += len(accepted)
             if eog is not None:

@@ -4,33 +4,42 @@ Pure Python."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .stats import GenerationStats
+
+if TYPE_CHECKING:
+    from .logprobs import TokenLogprob
 
 
 @dataclass
 class GenerationResult:
     """The outcome of ``generate``: ``finish_reason`` is ``stop`` (EOS or stop string),
-    ``length`` (max_tokens or context full) or ``cancelled``."""
+    ``length`` (max_tokens or context full) or ``cancelled``. ``logprobs``: one per token when
+    ``generate(logprobs=k)`` asked for them, else None."""
 
     text: str
     tokens: list[int]
     stats: GenerationStats
     finish_reason: str
+    logprobs: list[TokenLogprob] | None = None
 
 
 class TextPiece(str):
     """A streamed piece of text (always whole UTF-8 characters). The last piece of a stream
-    carries ``stats`` and ``finish_reason``; earlier ones have them ``None``."""
+    carries ``stats`` and ``finish_reason``; earlier ones have them ``None``. ``logprobs``: those
+    of ``tokens`` when asked for, else None."""
 
     tokens: list[int]
     stats: GenerationStats | None
     finish_reason: str | None
+    logprobs: list[TokenLogprob] | None
 
     def __new__(cls, text: str, tokens: list[int], stats: GenerationStats | None = None,
-                finish_reason: str | None = None) -> TextPiece:
+                finish_reason: str | None = None, logprobs: list[TokenLogprob] | None = None) -> TextPiece:
         obj = super().__new__(cls, text)
         obj.tokens = tokens
         obj.stats = stats
         obj.finish_reason = finish_reason
+        obj.logprobs = logprobs
         return obj

@@ -18,7 +18,8 @@ Endpoints:
 Requests take the OpenAI fields that map onto :func:`~mtp_bindings.generation.driver.generate`
 (``max_tokens``/``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``,
 ``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``stream``,
-``stream_options.include_usage``; ``n`` must be 1) and llama-server's extras (``top_k``, ``min_p``, ``repeat_penalty``,
+``stream_options.include_usage``, ``logprobs``/``top_logprobs`` (chat) and ``logprobs`` (text: the number
+of alternatives); ``n`` must be 1) and llama-server's extras (``top_k``, ``min_p``, ``repeat_penalty``,
 ``repeat_last_n``, ``n_predict``, ``speculative.n_max`` -- flat key or nested object -- and
 ``draft_n_max``). A field we do not implement that would change the output (``response_format``,
 ``tools``, ``grammar``, llama.cpp samplers we lack, ...) is a 400 naming it (see :mod:`.unsupported`);
@@ -52,7 +53,7 @@ The package, one job a module, each importing only the ones listed before it:
 * :mod:`.errors` -- OpenAI-shaped errors; :mod:`.unsupported` -- fields refused by name;
   :mod:`.schemas` -- request models and body parsing; :mod:`.params` -- request -> generation
   arguments; :mod:`.prompts` -- prompts as tokens; :mod:`.native_routes` -- the bodies of ``/tokenize``,
-  ``/detokenize`` and ``/props``;
+  ``/detokenize`` and ``/props``; :mod:`.logprobs` -- token logprobs in OpenAI's shapes;
 * :mod:`.metrics` -- counters and ``/metrics`` (prometheus_client, with llama-server and vLLM
   aliases); :mod:`.slots` -- contexts and their worker threads; :mod:`.responses` -- response
   bodies; :mod:`.streaming` -- server-sent events;

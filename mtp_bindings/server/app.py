@@ -78,11 +78,11 @@ def create_app(
     for name, value in (("n_threads", n_threads), ("n_threads_batch", n_threads_batch)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise InvalidParameterError(f"{name} must be a positive int or None, got {value!r}")
-    # each slot gets its share of the budget; without an explicit n_threads it also adapts to the load
-    context_kwargs = dict(n_ctx=n_ctx, n_threads=threads_per_slot(n_slots, n_threads),
-                          n_threads_batch=None if n_threads_batch is None else threads_per_slot(n_slots, n_threads_batch),
-                          adapt_threads=n_threads is None and n_threads_batch is None, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
-                          embeddings=model.has_assistant)
+    # each slot gets its share of the budget(s); without explicit counts it also adapts to the load
+    batch_threads = None if n_threads_batch is None else threads_per_slot(n_slots, n_threads_batch)
+    context_kwargs = dict(n_ctx=n_ctx, n_threads=threads_per_slot(n_slots, n_threads), n_threads_batch=batch_threads,
+                          adapt_threads=n_threads is None and n_threads_batch is None, type_k=type_k, type_v=type_v,
+                          flash_attn=flash_attn, embeddings=model.has_assistant)
     server = Server(model, model_name=model_name, n_slots=n_slots, n_ctx=n_ctx, context_kwargs=context_kwargs,
                     draft=draft, n_predict=n_predict)
 

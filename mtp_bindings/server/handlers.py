@@ -103,6 +103,8 @@ class Server:
         """Queue the generation, wait for its first piece (so errors before any output still get
         their proper status), then answer streamed or whole."""
         kwargs = generation_kwargs(req, self.draft, len(tokens), self.n_ctx, self.model.n_vocab, self.n_predict)
+        if kwargs["logprobs"] is not None:
+            reply.piece, reply.offset = self.model.token_to_piece, len(echo)
         job = Job(tokens, kwargs, asyncio.get_running_loop())
         self.pool.submit(job)
         try:
@@ -136,7 +138,8 @@ class Server:
         last = pieces[-1]
         assert last.stats is not None
         text = echo + "".join(pieces)
-        return JSONResponse(reply.complete(text, last.stats, last.finish_reason))
+        lps = None if reply.piece is None else [lp for p in pieces for lp in p.logprobs or []]
+        return JSONResponse(reply.complete(text, last.stats, last.finish_reason, lps))
 
     async def chat_completions(self, request: Request) -> Response:
         req: ChatCompletionRequest = await self.read_body(request, ChatCompletionRequest)

@@ -59,6 +59,7 @@ def generation_kwargs(req: GenerationRequest, draft: DraftDefaults, n_prompt: in
         seed=seed,
         logit_bias=req.token_bias(n_vocab),
         stop=req.stop,
+        logprobs=req.requested_logprobs(),
         draft_n_max=draft.draft_n_max if draft_n_max is None else draft_n_max,
         preset=draft.preset,
         depth2=draft.depth2,

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
+from .logprobs import Piece, chat_logprobs, completion_logprobs
 
 if TYPE_CHECKING:
+    from ..generation.logprobs import TokenLogprob
     from ..generation.stats import GenerationStats
 
 FINGERPRINT = f"mtp-bindings-{__version__}"
@@ -48,12 +50,15 @@ def _finish(reason: str | None) -> str:
 
 @dataclass
 class Reply:
-    """What one response is about: its id, kind (chat or text) and the served model's name."""
+    """What one response is about: its id, kind (chat or text) and the served model's name;
+    with ``piece`` (a token's bytes) it reports logprobs, text offsets counted from ``offset``."""
 
     chat: bool
     model_name: str
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    piece: Piece | None = None
+    offset: int = 0
 
     def __post_init__(self) -> None:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
@@ -62,19 +67,31 @@ class Reply:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model_name,
                 "system_fingerprint": FINGERPRINT, "choices": choices}
 
-    def complete(self, text: str, stats: GenerationStats, finish_reason: str | None) -> dict[str, Any]:
+    def logprobs(self, lps: list[TokenLogprob] | None) -> dict[str, Any] | None:
+        """``choices[].logprobs`` for these tokens (None when not asked for)."""
+        if self.piece is None or lps is None:
+            return None
+        if self.chat:
+            return chat_logprobs(self.piece, lps)
+        body, self.offset = completion_logprobs(self.piece, lps, self.offset)
+        return body
+
+    def complete(self, text: str, stats: GenerationStats, finish_reason: str | None,
+                 lps: list[TokenLogprob] | None = None) -> dict[str, Any]:
         """The non-streaming response."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": self.logprobs(lps),
                       "finish_reason": _finish(finish_reason)}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": _finish(finish_reason)}
+            choice = {"index": 0, "text": text, "logprobs": self.logprobs(lps), "finish_reason": _finish(finish_reason)}
         body = self._envelope("chat.completion" if self.chat else "text_completion", [choice])
         body.update(usage=usage(stats), timings=timings(stats))
         return body
 
-    def chunk(self, text: str | None, *, role: bool = False, finish_reason: str | None = None) -> dict[str, Any]:
-        """One stream chunk: a text delta, the opening role delta, or (``finish_reason``) the end."""
+    def chunk(self, text: str | None, *, role: bool = False, finish_reason: str | None = None,
+              lps: list[TokenLogprob] | None = None) -> dict[str, Any]:
+        """One stream chunk: a text delta (with its tokens' logprobs), the opening role delta, or
+        (``finish_reason``) the end."""
         finish = _finish(finish_reason) if finish_reason is not None else None
         if self.chat:
             delta: dict[str, Any] = {}
@@ -82,9 +99,9 @@ class Reply:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": self.logprobs(lps), "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text or "", "logprobs": self.logprobs(lps), "finish_reason": finish}
         return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
 
     def final_chunks(self, stats: GenerationStats, finish_reason: str | None,

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..exceptions import InvalidParameterError
-from ..params import DraftParams, SamplingParams
+from ..params import LOGPROBS_MAX, DraftParams, SamplingParams
 from .errors import APIError
 from .unsupported import refuse_unsupported
 
@@ -155,6 +155,10 @@ class GenerationRequest(BaseModel):
             return self.n_predict
         return None
 
+    def requested_logprobs(self) -> int | None:
+        """Alternatives per token to report with its logprob; None: no logprobs."""
+        return None
+
     def requested_draft_n_max(self) -> int | None:
         """The request's drafts per round: 0 for ``speculative: false``, else ``draft_n_max``,
         ``speculative.n_max`` (nested or flat); None: the server's default."""
@@ -190,13 +194,15 @@ class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=LOGPROBS_MAX)
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: bool | None) -> bool | None:
-        if v:
-            raise ValueError("logprobs are not supported by this server")
-        return v
+    def requested_logprobs(self) -> int | None:
+        if self.logprobs:
+            return self.top_logprobs or 0
+        if self.top_logprobs:
+            raise APIError(400, "top_logprobs: needs logprobs set to true", param="top_logprobs",
+                           code="invalid_value")
+        return None
 
     def requested_max_tokens(self) -> int | None:
         if self.max_completion_tokens is not None:
@@ -207,7 +213,7 @@ class ChatCompletionRequest(GenerationRequest):
 class CompletionRequest(GenerationRequest):
     prompt: str | list[str] | list[int]
     echo: bool | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=LOGPROBS_MAX)  # alternatives per token (0: the token's only)
     best_of: int | None = None
     suffix: str | None = None
 
@@ -221,12 +227,8 @@ class CompletionRequest(GenerationRequest):
                              "or a list of token ids)")
         return v
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: int | None) -> int | None:
-        if v:
-            raise ValueError("logprobs are not supported by this server")
-        return v
+    def requested_logprobs(self) -> int | None:
+        return self.logprobs
 
     @field_validator("best_of")
     @classmethod

@@ -35,8 +35,8 @@ async def events(job: Job, first: Any, reply: Reply, include_usage: bool, echo: 
         if isinstance(item, Exception):
             yield sse((job.error or generation_error(item)).body())
             return
-        if item:
-            yield sse(reply.chunk(str(item)))
+        if item or item.logprobs:  # a piece may hold back its text, not its tokens' logprobs
+            yield sse(reply.chunk(str(item), lps=item.logprobs))
         if item.stats is not None:
             if job.error is not None:  # stopped by the server: say why instead of a normal end
                 yield sse(job.error.body())

@@ -3,7 +3,7 @@ name, never silently ignored (issue 16, item 6).
 
 One job: look at a request body before it is validated and answer 400 ``unsupported_parameter``,
 naming the field, when it asks for something the generation would not do -- structured output,
-tools, log-probabilities beyond what the schema allows, llama.cpp samplers we do not have.
+tools, llama-server's ``n_probs``, llama.cpp samplers we do not have.
 A value that asks for nothing (``null``, ``false``, ``0``, an empty list or object, the sampler's
 own "off" value, OpenAI's plain-text ``response_format``) passes, since clients send defaults.
 Any other unknown field is a hint (``user``, ``service_tier``, ``store``, ``metadata``,
@@ -24,7 +24,6 @@ UNSUPPORTED: dict[str, str] = {
     "tools": "tool calls",
     "functions": "function calls",
     "function_call": "function calls",
-    "top_logprobs": "log-probabilities",
     "n_probs": "token probabilities",
     "mirostat": "the mirostat sampler",
     "typical_p": "locally typical sampling",
