@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Build the patched libllama with AddressSanitizer + UndefinedBehaviorSanitizer and run the MTP C API
-# test (attach, async/sync, busy, invalid arguments, NULL pointers, seq_rm / clear / free with a request in
-# flight, double attach, contexts created before and after attach) under them.
+# Build the patched libllama with AddressSanitizer + UndefinedBehaviorSanitizer and run under them:
+#  1. the MTP C API test (attach, async/sync, busy, invalid arguments, NULL pointers, seq_rm / clear / free
+#     with a request in flight, double attach, contexts created before and after attach);
+#  2. the stateful property test of the C API (tests/test_c_api_stateful.py, its larger profile), through
+#     the installed package's cffi module with the sanitized libraries put in front of the bundled ones.
 #
-#   tools/sanitize.sh            # uses build/sanitize (persistent), prints the test's summary
+#   tools/sanitize.sh                    # uses build/sanitize (persistent), prints each test's summary
+#   MTP_SANITIZE=thread tools/sanitize.sh  # ThreadSanitizer instead (-fsanitize=thread)
 #
 # Needs the patched source in vendor/llama.cpp (any `pip install .` has put it there).
 set -euo pipefail
@@ -25,9 +28,34 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 "$BUILD/test_mtp_api" tests/fixtures/dense-target.gguf tests/fixtures/dense-assistant.gguf \
     tests/fixtures/centroid-assistant.gguf 2> "$BUILD/sanitize.stderr" | tail -n 1
 status=${PIPESTATUS[0]}
-if grep -qE "ERROR: (Address|Leak)Sanitizer|runtime error:" "$BUILD/sanitize.stderr"; then
-    echo "sanitizer reports: see $BUILD/sanitize.stderr"; grep -E "ERROR:|runtime error:" "$BUILD/sanitize.stderr" | head
+
+# 2. the stateful property test: the interpreter is not instrumented, so the sanitizer runtime is preloaded
+#    and the sanitized libllama/ggml are found first (the cffi module's RUNPATH comes after LD_LIBRARY_PATH)
+case "$SAN" in
+    *thread*) RUNTIME=$(cc -print-file-name=libtsan.so) ;;
+    *address*) RUNTIME=$(cc -print-file-name=libasan.so) ;;
+    *) RUNTIME= ;;
+esac
+# the accepted race of the append contract (patches/README.md, Verification): the target's set_rows of
+# appended cells against the drafting graph's reads of the same, masked, cells
+printf 'race:ggml_compute_forward_set_rows\n' > "$BUILD/tsan.supp"
+set +e
+LD_PRELOAD=$RUNTIME LD_LIBRARY_PATH="$PWD/$BUILD/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:halt_on_error=1 \
+    TSAN_OPTIONS="halt_on_error=0:report_signal_unsafe=0:suppressions=$PWD/$BUILD/tsan.supp" \
+    MTP_C_API_STATEFUL=long pytest -q -p no:cacheprovider tests/test_c_api_stateful.py \
+    > "$BUILD/stateful.stdout" 2> "$BUILD/stateful.stderr"
+stateful=$?
+set -e
+tail -n 1 "$BUILD/stateful.stdout"
+
+if grep -qE "ERROR: (Address|Leak)Sanitizer|runtime error:|WARNING: ThreadSanitizer" \
+        "$BUILD/sanitize.stderr" "$BUILD/stateful.stderr" "$BUILD/stateful.stdout"; then
+    echo "sanitizer reports: see $BUILD/sanitize.stderr and $BUILD/stateful.std{out,err}"
+    grep -hE "ERROR:|runtime error:|WARNING: ThreadSanitizer" "$BUILD/sanitize.stderr" "$BUILD/stateful.stderr" \
+        "$BUILD/stateful.stdout" | head
     exit 1
 fi
 echo "sanitizers: clean ($SAN)"
+[ "$status" -eq 0 ] && exit "$stateful"
 exit "$status"
