@@ -21,6 +21,7 @@ from ..model import LlamaModel
 from ..params import DraftParams, SamplingParams
 from ..presets import resolve_preset
 from .logprobs import TOP_LOGPROBS_MAX, LogprobRecorder
+from .constraint import Grammar, TokenConstraint, as_grammar
 from .loop import token_rounds
 from .results import GenerationResult, TextPiece
 from .sampling import Sampler
@@ -83,6 +84,8 @@ def generate(
     h_idx: str = "accepted",
     ignore_eos: bool = False,
     logprobs: int | None = None,
+    grammar: Grammar | str | None = None,
+    json_schema: dict[str, Any] | str | None = None,
 ) -> GenerationResult | Iterator[TextPiece]:
     """Generate a continuation of ``prompt`` (text or token ids).
 
@@ -108,6 +111,12 @@ def generate(
     alternatives (:class:`~.logprobs.TokenLogprob`: the target's own distribution, before
     ``logit_bias``, penalties and temperature; the same with and without drafting) to the result's
     and each piece's ``logprobs``; None (default) computes none.
+    Structured output (needs ``llguidance``, the ``structured`` extra): ``json_schema`` (a dict or
+    a JSON string) or ``grammar`` (GBNF or Lark text, or a :class:`~.constraint.Grammar`, e.g.
+    ``Grammar.json_object()``) constrains every token, drafted or not, so the text follows it;
+    the generation stops (finish_reason ``stop``) when it is complete. Exact: a constrained
+    generation with drafting gives what it gives without (at temperature 0 the same tokens).
+    An invalid schema or grammar raises :class:`InvalidParameterError` naming the problem.
     """
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
         raise InvalidParameterError(f"max_tokens must be a non-negative int, got {max_tokens!r}")
@@ -133,11 +142,13 @@ def generate(
         tokens = model.check_tokens(list(prompt)).tolist()
     if not tokens:
         raise InvalidParameterError("the prompt is empty")
+    compiled = as_grammar(grammar, json_schema)
     ctx = context if context is not None else model.generation_context()
     if len(tokens) >= ctx.n_ctx:
         raise ContextOverflowError(f"the prompt has {len(tokens)} tokens; the context holds {ctx.n_ctx}")
     it = _pieces(model, ctx, tokens, sp, max_tokens, stops, opts, env_trace() if trace is None else trace, cancel,
-                 prompt_progress, None if logprobs is None else LogprobRecorder(logprobs))
+                 prompt_progress, None if logprobs is None else LogprobRecorder(logprobs),
+                 None if compiled is None else TokenConstraint(model, compiled))
     if stream:
         return it
     pieces = list(it)
@@ -151,7 +162,8 @@ def generate(
 def _pieces(model: LlamaModel, ctx: Context, prompt: list[int], sp: SamplingParams, max_tokens: int,
             stops: list[str], opts: DraftParams, trace: Any, cancel: Callable[[], bool] | None,
             prompt_progress: Callable[[int, int], None] | None = None,
-            recorder: LogprobRecorder | None = None) -> Iterator[TextPiece]:
+            recorder: LogprobRecorder | None = None,
+            constraint: TokenConstraint | None = None) -> Iterator[TextPiece]:
     stats = GenerationStats(n_prompt=len(prompt))
     tracer = Tracer.open(trace)
     text = TextAssembler(model, stops)
@@ -169,7 +181,8 @@ def _pieces(model: LlamaModel, ctx: Context, prompt: list[int], sp: SamplingPara
     t0 = time.perf_counter()
     with ctx.lock:  # one generation at a time on a context
         rounds = token_rounds(ctx, prompt, Sampler(sp), max_tokens, opts, stats, tracer,
-                              prompt_progress=watch, logprobs=recorder) if max_tokens > 0 else iter(())
+                              prompt_progress=watch, logprobs=recorder,
+                              constraint=constraint) if max_tokens > 0 else iter(())
         try:
             for toks in rounds:
                 piece = text.feed(toks)

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..context import Context
 from ..params import DraftParams
+from .constraint import TokenConstraint
 from .drafter import Proposal, make_drafter
 from .logprobs import LogprobRecorder
 from .prefill import PromptProgress, prefill
@@ -31,7 +32,8 @@ def plan(draft_n_max: int, remaining: int, attn_pos: int, n_ctx: int) -> int:
 def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_tokens: int, opts: DraftParams,
                  stats: GenerationStats, tracer: Tracer, seq_id: int = 0,
                  prompt_progress: PromptProgress | None = None,
-                 logprobs: LogprobRecorder | None = None) -> Iterator[list[int]]:
+                 logprobs: LogprobRecorder | None = None,
+                 constraint: TokenConstraint | None = None) -> Iterator[list[int]]:
     """Yield the tokens each round produces (first the token sampled after the prompt).
 
     Stops at ``max_tokens``, at an end-of-generation token (not yielded) or when the context is
@@ -39,13 +41,15 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
     drafting work is drained on exit. ``prompt_progress(done, total)`` is called after each batch
     of the prompt; returning False stops before anything is generated. ``logprobs``, if given,
     records each yielded token's logprobs from its row, before the next decode overwrites it.
+    ``constraint``, if given, is a grammar every token follows (masked rows, see
+    :mod:`.constraint`); the generation stops when the grammar is complete (``stats.hit_eog``).
     """
     model = ctx.model
     drafting = opts.draft_n_max > 0 and model.has_assistant  # type: ignore[attr-defined]
     draft_n_max = opts.draft_n_max if drafting else 0
     drafter = make_drafter(ctx, drafting, seq_id, opts.depth2, opts.skip_streak)
     verifier = Verifier(ctx, seq_id, opts.h_idx, hidden=drafting)
-    rejection = RejectionSampler(sampler)
+    rejection = RejectionSampler(sampler, constraint)
     trace = tracer.enabled and drafting
     history = list(prompt)
     n_ctx = ctx.n_ctx
@@ -56,7 +60,7 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
             return
         stats.t_prompt = time.perf_counter() - t0
         t = time.perf_counter()
-        x = sampler.sample(ctx.logits_view(-1), history)
+        x = rejection.sample(ctx.logits_view(-1), history)
         stats.t_sample += time.perf_counter() - t
         h = ctx.get_embeddings(-1) if drafting else None
         attn_pos = len(history) - 1
@@ -67,6 +71,10 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
             logprobs.record(ctx.logits_view(-1), x)
         history.append(x)
         stats.n_generated = 1
+        if constraint is not None and constraint.stopped:
+            stats.hit_eog = True
+            yield [x]
+            return
         drafter.prepare_next(attn_pos, x, h, plan(draft_n_max, max_tokens - 1, attn_pos, n_ctx))
         yield [x]
         it = 0
@@ -114,7 +122,7 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
                     logprobs.record(rows[i], tok)
             history.extend(accepted)
             stats.n_generated += len(accepted)
-            if eog is not None:
+            if eog is not None or (constraint is not None and constraint.stopped):
                 stats.hit_eog = True
                 if accepted:
                     yield accepted
