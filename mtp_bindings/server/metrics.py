@@ -35,15 +35,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
-if TYPE_CHECKING:
-    from ..generation.stats import GenerationStats
+from ..generation.stats import GenerationStats, add_per_position
 
 ACCEPTANCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 # the text format generate_latest writes (spelled out: prometheus_client < 0.21 has no constant for it)
@@ -111,8 +110,8 @@ class ServerMetrics:
             self.generation_seconds += max(stats.t_total - stats.t_prompt, 0.0)
             self.drafted += stats.n_drafted
             self.accepted += stats.n_accepted
-            _add_into(self.drafted_pos, stats.drafted_per_position)
-            _add_into(self.accepted_pos, stats.accepted_per_position)
+            add_per_position(self.drafted_pos, stats.drafted_per_position)
+            add_per_position(self.accepted_pos, stats.accepted_per_position)
             if stats.n_drafted:
                 rate = stats.acceptance_rate
                 self.hist_sum += rate
@@ -225,12 +224,6 @@ def _per_position(kind: Any, name: str, help_: str, values: list[Any], *, first:
     for i, v in enumerate(values):
         family.add_metric([str(i + first)], v)
     return family
-
-
-def _add_into(total: list[int], values: list[int]) -> None:
-    total.extend([0] * (len(values) - len(total)))
-    for i, v in enumerate(values):
-        total[i] += v
 
 
 class RequestCounter:
