@@ -336,6 +336,12 @@ class Context(NativeHandle):
         self._check_seq(seq_id)
         return int(lib.llama_memory_seq_pos_max(self._mem_ptr(), seq_id))
 
+    def seq_pos_min(self, seq_id: int = 0) -> int:
+        """The smallest position stored for ``seq_id`` (-1 when empty): above 0 once a sliding-window
+        cache has let cells outside every window go (all of ``[pos_min, pos_max]`` are held)."""
+        self._check_seq(seq_id)
+        return int(lib.llama_memory_seq_pos_min(self._mem_ptr(), seq_id))
+
     def seq_rm(self, seq_id: int = 0, p0: int = 0, p1: int = -1) -> bool:
         """Remove positions ``[p0, p1)`` (``p1 < 0``: to the end) of ``seq_id``, after the
         :meth:`on_kv_edit` callbacks (work in flight that may be reading those cells)."""

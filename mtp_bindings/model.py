@@ -228,6 +228,11 @@ class LlamaModel(NativeHandle):
         return int(lib.llama_model_n_layer(self.ptr))
 
     @property
+    def n_swa(self) -> int:
+        """The sliding-attention window of the SWA layers, tokens (0: no sliding window)."""
+        return int(lib.llama_model_n_swa(self.ptr))
+
+    @property
     def n_ctx_train(self) -> int:
         return int(lib.llama_model_n_ctx_train(self.ptr))
 

@@ -7,7 +7,7 @@ bounds and help text), and the fast test tier imports it without the compiled ex
 * :class:`SamplingParams` -- the sampler chain (llama.cpp's names and defaults, except
   ``temperature``, which defaults to greedy).
 * :class:`DraftParams` -- the speculative loop: tokens drafted per round, depth-2 overlap,
-  the skip-streak threshold.
+  the skip-streak threshold, the prompt cache.
 * :class:`ContextParams` -- a llama.cpp context, including the flash-attention rule.
 """
 
@@ -138,6 +138,10 @@ class DraftParams:
                                                                         "zero-accept rounds (0: never)"))
     h_idx: str = "accepted"
     ignore_eos: bool = False
+    # llama-server's cache_prompt (default on there too): keep the KV of the prompt's longest common
+    # prefix with what the context's sequence holds, decode only the rest
+    cache_prompt: bool = field(default=True, metadata={"help": "reuse the KV of the prompt's common prefix with "
+                                                               "the previous request on the same context"})
 
     def validate(self) -> None:
         check_bounds(self)

@@ -10,7 +10,8 @@ One module per job, each importing only downward (see ARCHITECTURE.md):
   ``CandidateGenerator``), and the skip-streak policy that wraps one;
 * :mod:`.verifier` -- the verify decode, the KV rollback and the hidden state to draft from;
 * :mod:`.logprobs` -- the emitted tokens' log-probabilities, from the rows verification has;
-* :mod:`.prefill` -- the prompt; :mod:`.loop` -- the round loop, which only orchestrates;
+* :mod:`.prefill` -- the prompt; :mod:`.prompt_cache` -- what a context's KV holds, to reuse a
+  prompt's common prefix; :mod:`.loop` -- the round loop, which only orchestrates;
 * :mod:`.text` -- tokens to text pieces; :mod:`.trace` -- the NDJSON acceptance trace;
 * :mod:`.driver` -- the entry points ``generate`` and ``chat``.
 

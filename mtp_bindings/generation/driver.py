@@ -31,7 +31,8 @@ from .trace import Tracer
 
 
 def draft_params(draft_n_max: int | None = None, depth2: bool | None = None, skip_streak: int | None = None,
-                 preset: str | None = None, h_idx: str = "accepted", ignore_eos: bool = False) -> DraftParams:
+                 preset: str | None = None, h_idx: str = "accepted", ignore_eos: bool = False,
+                 cache_prompt: bool = DraftParams.cache_prompt) -> DraftParams:
     """The drafting settings of a generation: what is given, else the environment's
     (``LLAMA_PIPELINE_DEPTH2``, ``LLAMA_MTP_SKIP_STREAK_THRESHOLD``), else the preset's."""
     base = resolve_preset(preset)
@@ -41,6 +42,7 @@ def draft_params(draft_n_max: int | None = None, depth2: bool | None = None, ski
         skip_streak=env_skip_streak(base.skip_streak) if skip_streak is None else skip_streak,
         h_idx=h_idx,
         ignore_eos=bool(ignore_eos),
+        cache_prompt=bool(cache_prompt),
     )
     opts.validate()
     return opts
@@ -84,6 +86,7 @@ def generate(
     h_idx: str = "accepted",
     ignore_eos: bool = False,
     logprobs: int | None = None,
+    cache_prompt: bool = DraftParams.cache_prompt,
     grammar: Grammar | str | None = None,
     json_schema: dict[str, Any] | str | None = None,
 ) -> GenerationResult | Iterator[TextPiece]:
@@ -111,6 +114,9 @@ def generate(
     alternatives (:class:`~.logprobs.TokenLogprob`: the target's own distribution, before
     ``logit_bias``, penalties and temperature; the same with and without drafting) to the result's
     and each piece's ``logprobs``; None (default) computes none.
+    ``cache_prompt`` (default on, as llama-server's): on a kept ``context``, keep the KV of the
+    longest common token prefix with what its last generation left there and decode only the rest
+    (always at least the prompt's last token); ``stats.n_prompt_cached`` says how many were kept.
     Structured output (needs ``llguidance``, the ``structured`` extra): ``json_schema`` (a dict or
     a JSON string) or ``grammar`` (GBNF or Lark text, or a :class:`~.constraint.Grammar`, e.g.
     ``Grammar.json_object()``) constrains every token, drafted or not, so the text follows it;
@@ -127,7 +133,7 @@ def generate(
                          presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed,
                          logit_bias=logit_bias)
     logit_bias = sp.logit_bias
-    opts = draft_params(draft_n_max, depth2, skip_streak, preset, h_idx, ignore_eos)
+    opts = draft_params(draft_n_max, depth2, skip_streak, preset, h_idx, ignore_eos, cache_prompt)
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
                                  or not 0 <= logprobs <= TOP_LOGPROBS_MAX):
         raise InvalidParameterError(f"logprobs must be an int in 0..{TOP_LOGPROBS_MAX} or None, got {logprobs!r}")

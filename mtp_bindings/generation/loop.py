@@ -17,6 +17,7 @@ from .constraint import TokenConstraint
 from .drafter import Proposal, make_drafter
 from .logprobs import LogprobRecorder
 from .prefill import PromptProgress, prefill
+from .prompt_cache import prompt_cache
 from .rejection import RejectionSampler
 from .sampling import Sampler
 from .stats import GenerationStats
@@ -53,10 +54,13 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
     trace = tracer.enabled and drafting
     history = list(prompt)
     n_ctx = ctx.n_ctx
+    cache = prompt_cache(ctx)
+    stats.n_prompt_cached = cache.reusable(seq_id, prompt) if opts.cache_prompt else 0
+    attn_pos = -1  # KV positions 0..attn_pos hold history[:attn_pos + 1] (none until the prompt is in)
     try:
         t0 = time.perf_counter()
         ctx.adapt_threads()
-        if not prefill(ctx, history, seq_id, drafting, prompt_progress):
+        if not prefill(ctx, history, seq_id, drafting, prompt_progress, stats.n_prompt_cached):
             return
         stats.t_prompt = time.perf_counter() - t0
         t = time.perf_counter()
@@ -132,5 +136,10 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
                 drafter.prepare_next(attn_pos, x, h, plan(draft_n_max, max_tokens - stats.n_generated, attn_pos, n_ctx))
             yield accepted
         stats.hit_context_limit = stats.n_generated < max_tokens
+    except BaseException as e:
+        if not isinstance(e, GeneratorExit):  # a failed decode or edit: what the KV holds is unknown
+            attn_pos = -1
+        raise
     finally:
         drafter.cancel()
+        cache.store(seq_id, history[:attn_pos + 1])  # for the next generation's prompt cache

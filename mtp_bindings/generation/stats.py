@@ -35,6 +35,7 @@ class GenerationStats:
     """What one generation did and how long it took (seconds)."""
 
     n_prompt: int = 0
+    n_prompt_cached: int = 0  # prompt tokens whose KV was reused from the context's last generation
     n_generated: int = 0
     n_rounds: int = 0
     n_drafted: int = 0
@@ -83,11 +84,18 @@ class GenerationStats:
         return per_second(self.n_generated, self.t_total - self.t_prompt)
 
     @property
+    def n_prompt_decoded(self) -> int:
+        """Prompt tokens decoded (the rest came from the prompt cache)."""
+        return self.n_prompt - self.n_prompt_cached
+
+    @property
     def prompt_tokens_per_second(self) -> float:
-        return per_second(self.n_prompt, self.t_prompt)
+        """Decoded prompt tokens per second (cached ones cost nothing)."""
+        return per_second(self.n_prompt_decoded, self.t_prompt)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.update(acceptance_rate=self.acceptance_rate, mean_accepted_length=self.mean_accepted_length,
-                 acceptance_per_position=self.acceptance_per_position, tokens_per_second=self.tokens_per_second)
+                 acceptance_per_position=self.acceptance_per_position, tokens_per_second=self.tokens_per_second,
+                 n_prompt_decoded=self.n_prompt_decoded)
         return d
