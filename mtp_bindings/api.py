@@ -70,6 +70,8 @@ class Model(LlamaModel):
         """Generate text; see :func:`mtp_bindings.generation.driver.generate` for the arguments."""
         return generate(self, prompt, **kwargs)
 
-    def chat(self, messages: Sequence[dict[str, str]], **kwargs: Any) -> GenerationResult | Iterator[TextPiece]:
-        """Apply the GGUF's chat template to ``messages`` and generate the reply."""
+    def chat(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> GenerationResult | Iterator[TextPiece]:
+        """Apply the GGUF's chat template to ``messages`` and generate the reply; ``tools``,
+        ``chat_template`` and ``chat_template_kwargs`` as :func:`mtp_bindings.generation.driver.chat`
+        takes them (the result's ``message`` holds content, reasoning_content and tool_calls)."""
         return chat(self, messages, **kwargs)

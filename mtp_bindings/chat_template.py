@@ -1,14 +1,20 @@
-"""Prompts to tokens: render a list of messages with the GGUF's own jinja2 chat template, and the
+"""Prompts to tokens: render a list of messages with the GGUF's own jinja2 chat template (or one
+given instead; Gemma 4's format when the GGUF has none), with tools and template arguments, and the
 one rule for tokenizing each kind of prompt (:data:`CHAT_TOKENIZE` / :func:`chat_tokens` for chats,
 :data:`TEXT_TOKENIZE` / :func:`text_tokens` for plain text) that ``generate`` / ``chat`` and the
 server's endpoints share."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
+from .chat_reply import reply_prefix
 from .exceptions import InvalidParameterError
+from .gemma4_template import GEMMA4_TEMPLATE
 from .model import LlamaModel
+from .template_env import template_environment
 
 # A rendered chat prompt already holds its BOS and turn markers as text: add nothing, and parse the
 # control-token text into control tokens.
@@ -16,52 +22,103 @@ CHAT_TOKENIZE = {"add_special": False, "parse_special": True}
 # Plain text: BOS as the model wants it; control-token text stays text (user input cannot forge turns).
 TEXT_TOKENIZE = {"add_special": True, "parse_special": False}
 
-# Gemma's turn format, for models whose GGUF carries no template.
-GEMMA_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<start_of_turn>"
-    "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{{ m['content'] }}<end_of_turn>\n"
-    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
-)
+# Gemma 4's turn format, for models whose GGUF carries no template (see :mod:`.gemma4_template`).
+GEMMA_TEMPLATE = GEMMA4_TEMPLATE
 
 
-def validate_messages(messages: Sequence[dict[str, str]]) -> None:
+@dataclass(frozen=True)
+class ChatOptions:
+    """How a chat is rendered beyond its messages: the ``tools`` offered (OpenAI's list of
+    ``{"type": "function", "function": {...}}``), a ``template`` source overriding the GGUF's, and
+    ``kwargs`` passed to the template as variables (``enable_thinking`` and any other)."""
+
+    tools: list[dict[str, Any]] | None = None
+    template: str | None = None
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A rendered chat: the prompt ``text`` and the ``reply_prefix`` its reply is parsed from
+    (:func:`mtp_bindings.chat_reply.reply_prefix`)."""
+
+    text: str
+    reply_prefix: str
+
+
+def validate_messages(messages: Sequence[Mapping[str, Any]]) -> None:
+    """Each message a dict with a string ``role`` and a ``content`` that is a string, a list of
+    parts, or (for an assistant's tool calls) None."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise InvalidParameterError("messages must be a non-empty list of {'role', 'content'} dicts")
     for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise InvalidParameterError(f"each message needs string 'role' and 'content', got {m!r}")
+        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
+            raise InvalidParameterError(f"each message needs a string 'role', got {m!r}")
+        content = m.get("content")
+        if not isinstance(content, (str, list)) and not (content is None and m.get("tool_calls")):
+            raise InvalidParameterError(f"each message needs a string (or list of parts) 'content', got {m!r}")
 
 
-def render_chat(model: LlamaModel, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
-    """The prompt text for ``messages`` (control tokens as text: tokenize with parse_special)."""
+def check_template(source: str) -> None:
+    """Raise :class:`InvalidParameterError` when ``source`` is not a Jinja template that parses."""
     import jinja2
-    import jinja2.sandbox
 
-    validate_messages(messages)
-    source = model.chat_template or GEMMA_TEMPLATE
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-
-    def raise_exception(msg: str) -> None:
-        raise InvalidParameterError(f"chat template: {msg}")
-
-    env.globals["raise_exception"] = raise_exception
-    bos = model.token_to_piece(model.token_bos, special=True).decode("utf-8", errors="replace") if model.add_bos else ""
-    eos = model.token_to_piece(model.token_eos, special=True).decode("utf-8", errors="replace")
     try:
-        tmpl = env.from_string(source)
+        template_environment().parse(source)
     except jinja2.TemplateError as e:
-        raise InvalidParameterError(f"the model's chat template does not parse: {e}") from e
-    return tmpl.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                       bos_token=bos, eos_token=eos)
+        raise InvalidParameterError(f"the chat template does not parse: {e}") from e
 
 
-def chat_tokens(model: LlamaModel, messages: Sequence[dict[str, str]]) -> list[int]:
+def _template_source(model: LlamaModel, options: ChatOptions) -> str:
+    return options.template or model.chat_template or GEMMA_TEMPLATE
+
+
+def _special_text(model: LlamaModel, token: int) -> str:
+    return model.token_to_piece(token, special=True).decode("utf-8", errors="replace")
+
+
+def render_chat(model: LlamaModel, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+                options: ChatOptions | None = None) -> str:
+    """The prompt text for ``messages`` (control tokens as text: tokenize with parse_special),
+    rendered in HF's template environment (:mod:`.template_env`) with ``options``."""
+    import jinja2
+
+    opts = options or ChatOptions()
+    validate_messages(messages)
+    env = template_environment()
+    try:
+        tmpl = env.from_string(_template_source(model, opts))
+    except jinja2.TemplateError as e:
+        raise InvalidParameterError(f"the chat template does not parse: {e}") from e
+    variables = {**opts.kwargs, "messages": [dict(m) for m in messages], "tools": opts.tools,
+                 "add_generation_prompt": add_generation_prompt,
+                 "bos_token": _special_text(model, model.token_bos) if model.add_bos else "",
+                 "eos_token": _special_text(model, model.token_eos)}
+    return tmpl.render(**variables)
+
+
+def chat_prompt(model: LlamaModel, messages: Sequence[Mapping[str, Any]],
+                options: ChatOptions | None = None) -> ChatPrompt:
+    """The prompt of ``messages`` with its reply prefix (rendered twice: with and without the
+    generation prompt). A template that fails on these messages is an :class:`InvalidParameterError`."""
+    import jinja2
+
+    try:
+        text = render_chat(model, messages, True, options)
+        without = render_chat(model, messages, False, options)
+    except jinja2.TemplateError as e:
+        raise InvalidParameterError(f"the chat template failed on these messages: {e}") from e
+    return ChatPrompt(text, reply_prefix(text, without))
+
+
+def chat_tokens(model: LlamaModel, messages: Sequence[Mapping[str, Any]],
+                options: ChatOptions | None = None) -> list[int]:
     """The prompt tokens of ``messages``: rendered with the model's template, tokenized with
     :data:`CHAT_TOKENIZE`. A template that fails on these messages is an :class:`InvalidParameterError`."""
     import jinja2
 
     try:
-        text = render_chat(model, messages)
+        text = render_chat(model, messages, True, options)
     except jinja2.TemplateError as e:
         raise InvalidParameterError(f"the chat template failed on these messages: {e}") from e
     return model.tokenize(text, **CHAT_TOKENIZE)

@@ -18,7 +18,8 @@ ROOT = "mtp_bindings"
 # Lowest first. A module may import modules of its own layer or of lower layers, never higher.
 # A name matches a module and everything under it (``mtp_bindings.server`` covers the package).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("pure", ("exceptions", "limits", "params", "presets", "threads", "env", "models")),
+    ("pure", ("exceptions", "limits", "params", "presets", "threads", "env", "models", "chat_reply", "template_env",
+              "gemma4_template")),
     ("native", ("_ffi", "_native", "low_level", "_handle", "devices", "mtp_status")),
     ("core", ("context", "model")),
     ("mtp", ("mtp", "chat_template")),
@@ -29,7 +30,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 # Modules that must import without the compiled extension (the fast test tier).
-PURE_MODULES = ("params", "limits", "presets", "env", "exceptions", "generation.sampling",
+PURE_MODULES = ("params", "limits", "presets", "env", "exceptions", "chat_reply", "template_env", "gemma4_template",
+                "generation.sampling",
                 "generation.rejection", "generation.stats", "generation.results", "generation.text",
                 "generation.trace")
 

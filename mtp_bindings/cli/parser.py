@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"tokens a request generates when it sets no max_tokens (default {SERVER_N_PREDICT}; "
                         f"{UNTIL_FULL}: until the end of the text or a full context)")
     p.add_argument("-a", "--alias", default=None, help="model name the API reports (default: the file's stem)")
+    p.add_argument("--chat-template", "--chat-template-file", dest="chat_template", metavar="FILE", default=None,
+                   help="a Jinja chat template file used instead of the GGUF's (default: the GGUF's, else "
+                        "Gemma 4's format)")
     p.add_argument("--spec-draft-n-max", "--draft-max", dest="draft_n_max", type=int, default=None,
                    help="default tokens drafted per round (default from --preset; requests may override)")
     add_drafting_args(p)

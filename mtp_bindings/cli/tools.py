@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from .flags import PROG, USAGE_ERROR, CLIError, error_line, flag
 from .interrupt import Interrupt
@@ -26,12 +27,18 @@ def cmd_serve(args: argparse.Namespace, interrupt: Interrupt) -> int:
         raise CLIError(f"{flag(args, 'parallel')} must be at least 1, got {args.parallel}")
     if not 0 <= args.port <= 65535:
         raise CLIError(f"{flag(args, 'port')} must be in 0..65535, got {args.port}")
+    template = None
+    if args.chat_template is not None:
+        try:
+            template = Path(args.chat_template).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise CLIError(f"{flag(args, 'chat_template')}: cannot read {args.chat_template}: {e}") from None
     logging.getLogger("mtp_bindings.server").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     with load(args, interrupt) as model:
         serve(model, host=args.host, port=args.port, model_name=args.alias, api_key=args.api_key,
               n_slots=args.parallel, n_ctx=n_ctx(model, args), n_predict=args.n_predict, n_threads=args.threads,
               n_threads_batch=args.threads_batch, type_k=args.cache_type_k, type_v=args.cache_type_v,
-              flash_attn=args.flash_attn,
+              flash_attn=args.flash_attn, chat_template=template,
               draft_n_max=args.draft_n_max, preset=args.preset, depth2=False if args.no_depth2 else None,
               skip_streak=args.skip_streak, access_log=args.verbose)
     return 0

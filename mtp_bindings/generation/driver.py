@@ -13,7 +13,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from ..chat_template import CHAT_TOKENIZE, TEXT_TOKENIZE, render_chat
+from ..chat_reply import parse_reply
+from ..chat_template import CHAT_TOKENIZE, TEXT_TOKENIZE, ChatOptions, chat_prompt
 from ..context import Context
 from ..env import env_depth2, env_skip_streak, env_trace
 from ..exceptions import ContextOverflowError, InvalidParameterError
@@ -219,9 +220,19 @@ def _pieces(model: LlamaModel, ctx: Context, prompt: list[int], sp: SamplingPara
     yield TextPiece(text.flush(), [], stats, finish, logprobs=None if recorder is None else [])
 
 
-def chat(model: LlamaModel, messages: Sequence[dict[str, str]], **kwargs: Any) -> GenerationResult | Iterator[TextPiece]:
-    """Apply the model's chat template (jinja2) to ``messages`` and generate the reply."""
-    prompt = render_chat(model, messages)
+def chat(model: LlamaModel, messages: Sequence[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
+         chat_template: str | None = None, chat_template_kwargs: dict[str, Any] | None = None,
+         **kwargs: Any) -> GenerationResult | Iterator[TextPiece]:
+    """Apply the model's chat template (jinja2; ``chat_template``: a template source instead of the
+    GGUF's) to ``messages``, with OpenAI-style ``tools`` and ``chat_template_kwargs`` (e.g.
+    ``{"enable_thinking": True}``) passed to the template, and generate the reply. A whole result's
+    ``message`` is the reply as OpenAI's assistant message: ``content``, ``reasoning_content`` (the
+    thinking channel) and, when ``tools`` were offered, ``tool_calls``; a stream yields the raw text
+    (split it with :class:`mtp_bindings.chat_reply.ReplyStream`)."""
+    prompt = chat_prompt(model, messages, ChatOptions(tools, chat_template, chat_template_kwargs or {}))
     for key, value in CHAT_TOKENIZE.items():
         kwargs.setdefault(key, value)
-    return generate(model, prompt, **kwargs)
+    out = generate(model, prompt.text, **kwargs)
+    if isinstance(out, GenerationResult):
+        out.message = parse_reply(out.text, tools=bool(tools), prefix=prompt.reply_prefix).message()
+    return out

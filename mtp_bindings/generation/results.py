@@ -4,7 +4,7 @@ Pure Python."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .stats import GenerationStats
 
@@ -16,13 +16,15 @@ if TYPE_CHECKING:
 class GenerationResult:
     """The outcome of ``generate``: ``finish_reason`` is ``stop`` (EOS or stop string),
     ``length`` (max_tokens or context full) or ``cancelled``. ``logprobs``: one per token when
-    ``generate(logprobs=k)`` asked for them, else None."""
+    ``generate(logprobs=k)`` asked for them, else None. ``message``: for ``chat``, the reply split
+    into OpenAI's assistant message (content, reasoning_content, tool_calls)."""
 
     text: str
     tokens: list[int]
     stats: GenerationStats
     finish_reason: str
     logprobs: list[TokenLogprob] | None = None
+    message: dict[str, Any] | None = None  # chat(): the reply as OpenAI's assistant message
 
 
 class TextPiece(str):

@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..chat_template import check_template
 from ..exceptions import InvalidParameterError
 from ..limits import SERVER_N_PREDICT
 from ..params import ContextParams
@@ -32,7 +33,7 @@ from .params import DraftDefaults
 logger = logging.getLogger(__name__)
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize",
-          "/detokenize", "/props")
+          "/detokenize", "/props", "/apply-template")
 DEFAULT_N_PREDICT = SERVER_N_PREDICT  # tokens of a request that sets no limit (-1: until the context is full)
 _CONTEXT = ContextParams()  # the library's context defaults
 
@@ -50,6 +51,7 @@ def create_app(
     type_k: str = _CONTEXT.type_k,
     type_v: str = _CONTEXT.type_v,
     flash_attn: str = _CONTEXT.flash_attn,
+    chat_template: str | None = None,  # a Jinja chat template's source, used instead of the GGUF's
     draft_n_max: int | None = None,
     preset: str | None = None,
     depth2: bool | None = None,
@@ -71,6 +73,8 @@ def create_app(
     if isinstance(n_predict, bool) or not isinstance(n_predict, int) or not (n_predict >= 1 or n_predict == -1):
         raise InvalidParameterError(f"n_predict must be a positive int or -1 (until the context is full), "
                                     f"got {n_predict!r}")
+    if chat_template is not None:
+        check_template(chat_template)
     if api_key is not None and not api_key:
         raise InvalidParameterError("api_key must be a non-empty string or None")
     draft = DraftDefaults(draft_n_max, preset, depth2, skip_streak)
@@ -84,7 +88,7 @@ def create_app(
                           adapt_threads=n_threads is None and n_threads_batch is None, type_k=type_k, type_v=type_v,
                           flash_attn=flash_attn, embeddings=model.has_assistant)
     server = Server(model, model_name=model_name, n_slots=n_slots, n_ctx=n_ctx, context_kwargs=context_kwargs,
-                    draft=draft, n_predict=n_predict)
+                    draft=draft, n_predict=n_predict, chat_template=chat_template)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -127,6 +131,10 @@ def _add_routes(app: FastAPI, server: Server, key: BearerKey) -> None:
     @app.post("/detokenize", dependencies=keyed)
     async def detokenize(request: Request) -> dict[str, Any]:
         return await server.detokenize(request)
+
+    @app.post("/apply-template", dependencies=keyed)
+    async def apply_template(request: Request) -> dict[str, Any]:
+        return await server.apply_template(request)
 
     @app.get("/props", dependencies=keyed)
     async def props() -> dict[str, Any]:

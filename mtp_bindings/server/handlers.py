@@ -21,13 +21,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
+from ..chat_template import ChatOptions
 from ..exceptions import InvalidParameterError, TokenizeError
 from ..limits import SERVER_N_PREDICT
 from .errors import APIError, ClientGone, generation_error, shutting_down_error
 from .metrics import ServerMetrics
 from .native_routes import DetokenizeRequest, TokenizeRequest, detokenize_body, props_body, tokenize_body
 from .params import DraftDefaults, generation_kwargs
-from .prompts import chat_tokens, completion_tokens
+from .prompts import chat_prompt, chat_prompt_tokens, completion_tokens
 from .responses import Reply
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest, parse_body
 from .slots import END, Job, SlotPool
@@ -41,8 +42,10 @@ class Server:
     """The state behind the routes: the model, the slots, the metrics and the settings."""
 
     def __init__(self, model: Any, *, model_name: str, n_slots: int, n_ctx: int, context_kwargs: Mapping[str, Any],
-                 draft: DraftDefaults, n_predict: int = SERVER_N_PREDICT) -> None:
+                 draft: DraftDefaults, n_predict: int = SERVER_N_PREDICT,
+                 chat_template: str | None = None) -> None:
         self.model = model
+        self.chat_template = chat_template  # overrides the GGUF's (serve --chat-template FILE)
         self.model_name = model_name
         self.n_ctx = n_ctx
         self.n_predict = n_predict
@@ -144,8 +147,28 @@ class Server:
     async def chat_completions(self, request: Request) -> Response:
         req: ChatCompletionRequest = await self.read_body(request, ChatCompletionRequest)
         messages = [m.as_template_message() for m in req.messages]
-        tokens = await self.tokens(lambda: chat_tokens(self.model, messages), "messages")
-        return await self.run(request, req, tokens, Reply(chat=True, model_name=self.model_name))
+        options = ChatOptions(req.template_tools(), self.chat_template, req.chat_template_kwargs or {})
+        prefix: list[str] = []
+
+        def render() -> list[int]:
+            tokens, reply_prefix = chat_prompt_tokens(self.model, messages, options)
+            prefix.append(reply_prefix)
+            return tokens
+
+        tokens = await self.tokens(render, "messages")
+        reply = Reply(chat=True, model_name=self.model_name, tools=req.reads_tool_calls, prefix=prefix[0])
+        return await self.run(request, req, tokens, reply)
+
+    async def apply_template(self, request: Request) -> dict[str, Any]:
+        """llama-server's ``/apply-template``: a chat request's prompt as the server renders it."""
+        req: ChatCompletionRequest = await self.read_body(request, ChatCompletionRequest)
+        messages = [m.as_template_message() for m in req.messages]
+        options = ChatOptions(req.template_tools(), self.chat_template, req.chat_template_kwargs or {})
+        try:
+            prompt = await anyio.to_thread.run_sync(lambda: chat_prompt(self.model, messages, options))
+        except InvalidParameterError as e:
+            raise APIError(400, str(e), param="messages", code="invalid_value") from None
+        return {"prompt": prompt.text}
 
     async def completions(self, request: Request) -> Response:
         req: CompletionRequest = await self.read_body(request, CompletionRequest)
@@ -182,7 +205,7 @@ class Server:
 
     def props(self) -> dict[str, Any]:
         return props_body(self.model, model_name=self.model_name, n_slots=self.metrics.n_slots, n_ctx=self.n_ctx,
-                          n_predict=self.n_predict, draft=self.draft)
+                          n_predict=self.n_predict, draft=self.draft, chat_template=self.chat_template)
 
     def health(self) -> dict[str, Any]:
         mt = self.metrics

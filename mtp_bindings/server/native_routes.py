@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from .. import __version__
+from ..chat_template import GEMMA_TEMPLATE
 from ..params import SAMPLING_DEFAULTS
 from ..presets import resolve_preset
 from .params import OPENAI_TEMPERATURE, DraftDefaults
@@ -63,8 +64,10 @@ def detokenize_body(model: Any, req: DetokenizeRequest) -> dict[str, Any]:
 
 
 def props_body(model: Any, *, model_name: str, n_slots: int, n_ctx: int, n_predict: int,
-               draft: DraftDefaults) -> dict[str, Any]:
-    """llama-server's ``GET /props``: the defaults a request gets, the slots, the model."""
+               draft: DraftDefaults, chat_template: str | None = None) -> dict[str, Any]:
+    """llama-server's ``GET /props``: the defaults a request gets, the slots, the model
+    (``chat_template``: the one in use, when it overrides the GGUF's; else the GGUF's, else our
+    Gemma 4 fallback)."""
     d = SAMPLING_DEFAULTS
     n_max = resolve_preset(draft.preset).draft_n_max if draft.draft_n_max is None else draft.draft_n_max
     speculative = bool(model.has_assistant) and n_max > 0
@@ -78,13 +81,13 @@ def props_body(model: Any, *, model_name: str, n_slots: int, n_ctx: int, n_predi
     }
     settings = {"id": 0, "id_task": -1, "n_ctx": n_ctx, "speculative": speculative, "is_processing": False,
                 "params": params}
-    template = model.chat_template
+    template = chat_template or model.chat_template or GEMMA_TEMPLATE
     return {
         "default_generation_settings": settings,
         "total_slots": n_slots,
         "model_alias": model_name,
         "model_path": str(model.path),
-        "chat_template": template or "",
+        "chat_template": template,
         "modalities": {"vision": False, "audio": False},
         "build_info": BUILD_INFO,
         "is_sleeping": False,

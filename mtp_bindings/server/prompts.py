@@ -11,9 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..chat_template import chat_tokens
+from ..chat_template import CHAT_TOKENIZE, ChatOptions, chat_prompt, chat_tokens
 
-__all__ = ["chat_tokens", "completion_tokens"]
+__all__ = ["chat_prompt", "chat_prompt_tokens", "chat_tokens", "completion_tokens"]
+
+
+def chat_prompt_tokens(model: Any, messages: list[dict[str, Any]], options: ChatOptions) -> tuple[list[int], str]:
+    """A chat's prompt tokens (the library's one rule) and the prefix its reply is parsed from."""
+    prompt = chat_prompt(model, messages, options)
+    return model.tokenize(prompt.text, **CHAT_TOKENIZE), prompt.reply_prefix
 
 
 def completion_tokens(model: Any, prompt: str | list[str] | list[int]) -> list[int]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
+from ..chat_reply import ReplyStream, ToolCall, parse_reply
 from .logprobs import Piece, chat_logprobs, completion_logprobs
 
 if TYPE_CHECKING:
@@ -44,14 +45,19 @@ def usage(stats: GenerationStats) -> dict[str, int]:
             "total_tokens": stats.n_prompt + stats.n_generated}
 
 
-def _finish(reason: str | None) -> str:
-    return "length" if reason == "length" else "stop"
+def _finish(reason: str | None, tool_calls: bool = False) -> str:
+    if reason == "length":
+        return "length"
+    return "tool_calls" if tool_calls else "stop"
 
 
 @dataclass
 class Reply:
     """What one response is about: its id, kind (chat or text) and the served model's name;
-    with ``piece`` (a token's bytes) it reports logprobs, text offsets counted from ``offset``."""
+    with ``piece`` (a token's bytes) it reports logprobs, text offsets counted from ``offset``.
+    A chat reply is split into content, ``reasoning_content`` and (``tools``: the request offered
+    tools) ``tool_calls``, parsed from the generation prompt's ``prefix`` on
+    (:mod:`mtp_bindings.chat_reply`)."""
 
     chat: bool
     model_name: str
@@ -59,6 +65,9 @@ class Reply:
     created: int = field(default_factory=lambda: int(time.time()))
     piece: Piece | None = None
     offset: int = 0
+    tools: bool = False
+    prefix: str = ""
+    n_calls: int = 0  # tool calls streamed so far
 
     def __post_init__(self) -> None:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
@@ -80,25 +89,36 @@ class Reply:
                  lps: list[TokenLogprob] | None = None) -> dict[str, Any]:
         """The non-streaming response."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": self.logprobs(lps),
-                      "finish_reason": _finish(finish_reason)}
+            reply = parse_reply(text, tools=self.tools, prefix=self.prefix)
+            choice = {"index": 0, "message": reply.message(), "logprobs": self.logprobs(lps),
+                      "finish_reason": _finish(finish_reason, bool(reply.tool_calls))}
         else:
             choice = {"index": 0, "text": text, "logprobs": self.logprobs(lps), "finish_reason": _finish(finish_reason)}
         body = self._envelope("chat.completion" if self.chat else "text_completion", [choice])
         body.update(usage=usage(stats), timings=timings(stats))
         return body
 
+    def stream(self) -> ReplyStream | None:
+        """The splitter of this reply's stream (None for text completions)."""
+        return ReplyStream(self.tools, self.prefix) if self.chat else None
+
     def chunk(self, text: str | None, *, role: bool = False, finish_reason: str | None = None,
-              lps: list[TokenLogprob] | None = None) -> dict[str, Any]:
-        """One stream chunk: a text delta (with its tokens' logprobs), the opening role delta, or
-        (``finish_reason``) the end."""
-        finish = _finish(finish_reason) if finish_reason is not None else None
+              lps: list[TokenLogprob] | None = None, reasoning: str = "",
+              tool_calls: list[ToolCall] | None = None) -> dict[str, Any]:
+        """One stream chunk: a delta of content, ``reasoning_content`` and completed tool calls
+        (with its tokens' logprobs), the opening role delta, or (``finish_reason``) the end."""
+        finish = _finish(finish_reason, self.n_calls > 0) if finish_reason is not None else None
         if self.chat:
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
-            if text is not None:
+            if text is not None and (text or not (reasoning or tool_calls)):
                 delta["content"] = text
+            if reasoning:
+                delta["reasoning_content"] = reasoning
+            if tool_calls:
+                delta["tool_calls"] = [c.openai(self.n_calls + i) for i, c in enumerate(tool_calls)]
+                self.n_calls += len(tool_calls)
             choice = {"index": 0, "delta": delta, "logprobs": self.logprobs(lps), "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text or "", "logprobs": self.logprobs(lps), "finish_reason": finish}

@@ -177,17 +177,74 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = _STRICT
+    name: str = Field(min_length=1)
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallIn(BaseModel):
+    """An assistant message's earlier tool call, as OpenAI sends it back."""
+
+    model_config = _STRICT
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+    def as_template_call(self) -> dict[str, Any]:
+        """The call with its arguments as an object when they are JSON object text (templates,
+        HF's and Gemma 4's, write arguments from an object)."""
+        args: Any = self.function.arguments
+        if isinstance(args, str):
+            try:
+                parsed = json.loads(args)
+            except ValueError:
+                parsed = None
+            args = parsed if isinstance(parsed, dict) else args
+        return {"id": self.id, "type": "function", "function": {"name": self.function.name, "arguments": args}}
+
+
+class FunctionDef(BaseModel):
+    model_config = _STRICT
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(BaseModel):
+    """One entry of ``tools``: a function the model may call."""
+
+    model_config = _STRICT
+    type: Literal["function"]
+    function: FunctionDef
+
+
 class ChatMessage(BaseModel):
     model_config = _STRICT
     role: str = Field(min_length=1)
     content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
 
-    def as_template_message(self) -> dict[str, str]:
-        """``{"role", "content"}`` for the chat template (text parts joined; OpenAI's newer
-        ``developer`` role is the template's ``system``)."""
-        content = self.content if isinstance(self.content, str) else \
-            "".join(p.text for p in self.content or [])
-        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+    def as_template_message(self) -> dict[str, Any]:
+        """The message for the chat template: ``{"role", "content"}`` (text parts joined; OpenAI's
+        newer ``developer`` role is the template's ``system``), with ``tool_calls``,
+        ``tool_call_id``, ``name`` and ``reasoning_content`` when given. An assistant message with
+        only tool calls keeps ``content`` None."""
+        content = self.content if isinstance(self.content, str) or self.content is None else \
+            "".join(p.text for p in self.content)
+        if content is None and not self.tool_calls:
+            content = ""
+        msg: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        if self.tool_calls:
+            msg["tool_calls"] = [c.as_template_call() for c in self.tool_calls]
+        for key in ("tool_call_id", "name", "reasoning_content"):
+            if getattr(self, key) is not None:
+                msg[key] = getattr(self, key)
+        return msg
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -195,6 +252,10 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=LOGPROBS_MAX)
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto"] | None = None  # "required" / a named function: refused (unsupported.py)
+    parallel_tool_calls: bool | None = None  # a hint: every call the model writes is returned
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def requested_logprobs(self) -> int | None:
         if self.logprobs:
@@ -208,6 +269,15 @@ class ChatCompletionRequest(GenerationRequest):
         if self.max_completion_tokens is not None:
             return self.max_completion_tokens
         return super().requested_max_tokens()
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """``tools`` for the chat template (None when there are none)."""
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+    @property
+    def reads_tool_calls(self) -> bool:
+        """Whether the reply's tool calls are parsed: tools offered and ``tool_choice`` not none."""
+        return bool(self.tools) and self.tool_choice != "none"
 
 
 class CompletionRequest(GenerationRequest):
@@ -258,7 +328,7 @@ def _field_names(*models: type[BaseModel]) -> frozenset[str]:
 
 
 _FIELD_NAMES = _field_names(ChatCompletionRequest, CompletionRequest, ChatMessage, TextPart, StreamOptions,
-                            SpeculativeOptions)
+                            SpeculativeOptions, ToolDef, FunctionDef, ToolCallIn, FunctionCall)
 
 
 def _error_param(loc: Iterable[Any]) -> str | None:

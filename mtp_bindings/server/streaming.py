@@ -1,7 +1,8 @@
 """Server-sent events: a generation streamed as ``data: {chunk}`` lines, then ``data: [DONE]``.
 
-One job: turn a job's pieces into SSE bytes, and make sure a stream that ends for any reason
-(finished, client gone, server error) cancels its job, so a slot never generates for nobody.
+One job: turn a job's pieces into SSE bytes (a chat's split into content, reasoning and tool-call
+deltas by :class:`~mtp_bindings.chat_reply.ReplyStream`), and make sure a stream that ends for any
+reason (finished, client gone, server error) cancels its job, so a slot never generates for nobody.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ def sse(payload: dict[str, Any] | str) -> bytes:
 async def events(job: Job, first: Any, reply: Reply, include_usage: bool, echo: str) -> AsyncIterator[bytes]:
     """SSE chunks: the opening (role / echoed prompt), text deltas, the close and ``[DONE]``.
     An error after the stream started is sent as an error event after the text so far."""
+    splitter = reply.stream()
     if reply.chat:
         yield sse(reply.chunk("", role=True))
     elif echo:
@@ -35,8 +37,18 @@ async def events(job: Job, first: Any, reply: Reply, include_usage: bool, echo: 
         if isinstance(item, Exception):
             yield sse((job.error or generation_error(item)).body())
             return
-        if item or item.logprobs:  # a piece may hold back its text, not its tokens' logprobs
-            yield sse(reply.chunk(str(item), lps=item.logprobs))
+        if splitter is None:
+            if item or item.logprobs:  # a piece may hold back its text, not its tokens' logprobs
+                yield sse(reply.chunk(str(item), lps=item.logprobs))
+        else:  # content, reasoning and tool calls; text that may start a marker waits for the next piece
+            delta = splitter.feed(str(item))
+            if item.stats is not None:
+                end = splitter.finish()
+                delta.content, delta.reasoning = delta.content + end.content, delta.reasoning + end.reasoning
+                delta.tool_calls += end.tool_calls
+            if delta or item.logprobs:
+                yield sse(reply.chunk(delta.content, lps=item.logprobs, reasoning=delta.reasoning,
+                                      tool_calls=delta.tool_calls))
         if item.stats is not None:
             if job.error is not None:  # stopped by the server: say why instead of a normal end
                 yield sse(job.error.body())

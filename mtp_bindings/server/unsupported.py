@@ -2,8 +2,9 @@
 name, never silently ignored (issue 16, item 6).
 
 One job: look at a request body before it is validated and answer 400 ``unsupported_parameter``,
-naming the field, when it asks for something the generation would not do -- structured output,
-tools, llama-server's ``n_probs``, llama.cpp samplers we do not have.
+naming the field, when it asks for something the generation would not do -- forced tool calls
+(``tool_choice`` other than ``auto``/``none``), llama-server's ``n_probs``, llama.cpp samplers we
+do not have.
 A value that asks for nothing (``null``, ``false``, ``0``, an empty list or object, the sampler's
 own "off" value, OpenAI's plain-text ``response_format``) passes, since clients send defaults.
 Any other unknown field is a hint (``user``, ``service_tier``, ``store``, ``metadata``,
@@ -21,7 +22,6 @@ UNSUPPORTED: dict[str, str] = {
     "response_format": "structured output (json_object / json_schema)",
     "json_schema": "structured output (a JSON schema)",
     "grammar": "structured output (a GBNF grammar)",
-    "tools": "tool calls",
     "functions": "function calls",
     "function_call": "function calls",
     "n_probs": "token probabilities",
@@ -34,7 +34,6 @@ UNSUPPORTED: dict[str, str] = {
     "samplers": "a custom sampler chain",
     "ignore_eos": "generating past end-of-text",
     "lora": "LoRA adapters",
-    "chat_template_kwargs": "chat template arguments",
 }
 # the value of a field that asks for nothing, beyond null / false / 0 / [] / {}
 NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -56,8 +55,8 @@ def refuse_unsupported(body: Any) -> None:
             raise APIError(400, f"{name}: {what} is not supported by this server", param=name,
                            code="unsupported_parameter")
     if body.get("tool_choice") is not None and not _neutral("tool_choice", body["tool_choice"]):
-        raise APIError(400, "tool_choice: tool calls are not supported by this server", param="tool_choice",
-                       code="unsupported_parameter")
+        raise APIError(400, "tool_choice: only 'auto' and 'none' are supported by this server (forcing a call "
+                            "needs constrained decoding)", param="tool_choice", code="unsupported_parameter")
 
 
 def _asks_for_something(name: str, value: Any) -> bool:
