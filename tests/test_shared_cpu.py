@@ -173,6 +173,24 @@ def test_logits_do_not_depend_on_the_thread_count(trained_paths):
     assert all((a == b).all() for a, b in zip(*rows))
 
 
+def test_one_token_decodes_past_512_cells_do_not_depend_on_the_thread_count(trained_paths):
+    # one query row over >= 512 KV cells takes flash attention's split-KV path (patch 0105: a fixed
+    # number of chunks, not one per thread), the path of every generated token in a long context
+    import numpy as np
+
+    from mtp_bindings import Model
+
+    toks = [int(t) for t in np.random.default_rng(1).integers(10, 1000, 601)]
+    with Model(trained_paths[0]) as model:
+        rows = []
+        for n in (1, 2, 3):
+            with model.create_context(n_ctx=1024, n_threads=n, flash_attn="on") as ctx:
+                ctx.decode(toks[:600], pos=0, logits="none")
+                ctx.decode(toks[600:], pos=600)
+                rows.append(ctx.logits_view(-1).copy())
+    assert (rows[0] == rows[1]).all() and (rows[1] == rows[2]).all()
+
+
 def test_free_cpus_decide_the_thread_count():
     assert threads.threads_for_load(2, 0, 2, 2) == 2   # alone
     assert threads.threads_for_load(2, 1, 2, 2) == 1   # beside a busy loop
