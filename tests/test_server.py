@@ -170,7 +170,7 @@ def ref_chat(model: Any, messages: list[dict[str, str]], **kwargs: Any) -> Any:
 
 
 def check_timings(timings: dict[str, Any], result: Any, has_mtp: bool) -> None:
-    assert timings["prompt_n"] == result.stats.n_prompt
+    assert timings["prompt_n"] + timings["cache_n"] == result.stats.n_prompt  # decoded + kept by the prompt cache
     assert timings["predicted_n"] == result.stats.n_generated
     for k in ("prompt_ms", "predicted_ms", "predicted_per_second", "draft_n", "draft_n_accepted"):
         assert timings[k] >= 0, k

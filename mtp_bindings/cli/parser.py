@@ -9,10 +9,12 @@ when it is used.
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from pathlib import Path
 
 from .. import __version__
 from ..limits import SERVER_N_PREDICT, UNTIL_FULL
+from ..params import DraftParams
 from .args import add_drafting_args, add_model_args, add_sampling_args
 from .demo import DEMO_DRAFT_N_MAX, DEMO_N_PREDICT, DEMO_PAIRS, DEMO_PROMPT, cmd_demo
 from .flags import PROG, Parser, SubcommandParser, refuse, refuse_unsupported
@@ -100,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "Gemma 4's format)")
     p.add_argument("--spec-draft-n-max", "--draft-max", dest="draft_n_max", type=int, default=None,
                    help="default tokens drafted per round (default from --preset; requests may override)")
+    cache = next(f for f in fields(DraftParams) if f.name == "cache_prompt")
+    p.add_argument("--no-cache-prompt", dest="cache_prompt", action="store_false", default=cache.default,
+                   help=f"do not {cache.metadata['help']} (default: reuse it, as llama-server; a request's "
+                        "cache_prompt overrides)")
     add_drafting_args(p)
     p.set_defaults(func=cmd_serve)
 

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..chat_template import check_template
 from ..exceptions import InvalidParameterError
 from ..limits import SERVER_N_PREDICT
-from ..params import ContextParams
+from ..params import ContextParams, DraftParams
 from ..threads import threads_per_slot
 from .auth import BearerKey
 from .errors import APIError
@@ -56,6 +56,7 @@ def create_app(
     preset: str | None = None,
     depth2: bool | None = None,
     skip_streak: int | None = None,
+    cache_prompt: bool = DraftParams.cache_prompt,
 ) -> FastAPI:
     """The FastAPI app serving ``model`` (already loaded, assistant attached or not) as
     ``model_name``. A request that sets no length limit gets at most ``n_predict`` tokens (-1:
@@ -65,7 +66,8 @@ def create_app(
     prompt's budget, is shared the same way, default as ``n_threads``) are created when the app starts
     and freed when it stops; the model stays the caller's. Drafting defaults (``draft_n_max``,
     ``preset``, ``depth2``, ``skip_streak``) are :func:`generate`'s; requests may override
-    ``draft_n_max``."""
+    ``draft_n_max``. ``cache_prompt`` (default on; a request's ``cache_prompt`` overrides it): each
+    slot keeps its last request's KV and decodes only what follows the common prefix."""
     if isinstance(n_slots, bool) or not isinstance(n_slots, int) or not 1 <= n_slots <= 64:
         raise InvalidParameterError(f"n_slots must be an int in 1..64, got {n_slots!r}")
     if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 2:
@@ -77,7 +79,7 @@ def create_app(
         check_template(chat_template)
     if api_key is not None and not api_key:
         raise InvalidParameterError("api_key must be a non-empty string or None")
-    draft = DraftDefaults(draft_n_max, preset, depth2, skip_streak)
+    draft = DraftDefaults(draft_n_max, preset, depth2, skip_streak, bool(cache_prompt))
     draft.validate()
     for name, value in (("n_threads", n_threads), ("n_threads_batch", n_threads_batch)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..params import SAMPLING_DEFAULTS, check_draft_overrides
+from ..params import SAMPLING_DEFAULTS, DraftParams, check_draft_overrides
 from ..presets import resolve_preset
 from .schemas import GenerationRequest
 
@@ -22,12 +22,13 @@ OPENAI_TEMPERATURE = 1.0  # what OpenAI's API samples at when a request sets no 
 
 @dataclass(frozen=True)
 class DraftDefaults:
-    """Server-wide drafting defaults (a request may override ``draft_n_max``)."""
+    """Server-wide drafting defaults (a request may override ``draft_n_max`` and ``cache_prompt``)."""
 
     draft_n_max: int | None = None
     preset: str | None = None
     depth2: bool | None = None
     skip_streak: int | None = None
+    cache_prompt: bool = DraftParams.cache_prompt  # off: ``serve --no-cache-prompt``
 
     def validate(self) -> None:
         resolve_preset(self.preset)
@@ -64,4 +65,5 @@ def generation_kwargs(req: GenerationRequest, draft: DraftDefaults, n_prompt: in
         preset=draft.preset,
         depth2=draft.depth2,
         skip_streak=draft.skip_streak,
+        cache_prompt=draft.cache_prompt if req.cache_prompt is None else req.cache_prompt,
     )

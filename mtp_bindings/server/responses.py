@@ -23,14 +23,17 @@ FINGERPRINT = f"mtp-bindings-{__version__}"
 
 
 def timings(stats: GenerationStats) -> dict[str, Any]:
-    """llama-server's ``timings`` object, with its draft counters."""
+    """llama-server's ``timings`` object, with its draft counters: as there, ``prompt_n`` counts the
+    prompt tokens decoded and ``cache_n`` those whose KV the slot's prompt cache kept."""
     gen_s = max(stats.t_total - stats.t_prompt, 0.0)
     prompt_ms, gen_ms = stats.t_prompt * 1e3, gen_s * 1e3
+    n_decoded = stats.n_prompt_decoded
     return {
-        "prompt_n": stats.n_prompt,
+        "cache_n": stats.n_prompt_cached,
+        "prompt_n": n_decoded,
         "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": prompt_ms / stats.n_prompt if stats.n_prompt else 0.0,
-        "prompt_per_second": stats.n_prompt / stats.t_prompt if stats.t_prompt > 0 else 0.0,
+        "prompt_per_token_ms": prompt_ms / n_decoded if n_decoded else 0.0,
+        "prompt_per_second": n_decoded / stats.t_prompt if stats.t_prompt > 0 else 0.0,
         "predicted_n": stats.n_generated,
         "predicted_ms": gen_ms,
         "predicted_per_token_ms": gen_ms / stats.n_generated if stats.n_generated else 0.0,

@@ -106,6 +106,7 @@ class GenerationRequest(BaseModel):
     draft_n_max: int | None = _draft_n_max()
     speculative: SpeculativeOptions | bool | None = None  # false: plain decoding for this request
     speculative_n_max: int | None = _draft_n_max(alias="speculative.n_max")
+    cache_prompt: bool | None = None  # llama-server's: reuse the slot's KV of the common prefix (None: the server's)
 
     @field_validator("n")
     @classmethod

@@ -4,7 +4,9 @@ worker thread, and the FIFO queue of jobs they take from.
 One job: run generations off the event loop and hand their pieces back to it. A request becomes
 a :class:`Job` (prompt tokens and :func:`generate` arguments in, pieces out through an asyncio
 queue on the server's loop, a cancel flag the worker polls each round); the first free slot
-takes it. Each slot's KV memory is cleared per request (no prompt cache).
+takes it. Each slot's context keeps its last request's KV: the next request on it decodes only what
+follows the longest common token prefix (the prompt cache, :mod:`~mtp_bindings.generation.prompt_cache`;
+``cache_prompt``). Jobs go to the first free slot, not to the one holding their prefix.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
 from ..exceptions import MTPBindingsError
 from ..generation.driver import generate
+from ..generation.prompt_cache import cached_prefix
 from ..generation.stats import GenerationStats
 from .errors import APIError
 from .metrics import ServerMetrics
@@ -64,14 +68,19 @@ class Job:
 
 class SlotPool:
     """``n_slots`` contexts on one model, each driven by its own worker thread, and the FIFO queue
-    of jobs they take from."""
+    of jobs waiting for a free one. A job goes to the free slot whose context holds the longest
+    prefix of its prompt (the least recently used one when none does), as llama-server picks a
+    slot by prompt similarity: a chat's next turn lands where its previous turns' KV is."""
 
     def __init__(self, model: Any, n_slots: int, context_kwargs: Mapping[str, Any], metrics: ServerMetrics) -> None:
         self.model = model
         self.n_slots = n_slots
         self.context_kwargs = dict(context_kwargs)
         self.metrics = metrics
-        self.jobs: queue.Queue[Job | None] = queue.Queue()
+        self.pending: deque[Job] = deque()  # FIFO of jobs no slot has taken yet
+        self.inboxes: list[queue.Queue[Job | None]] = []  # one per slot: its next job, or None to stop
+        self.idle: list[int] = []  # free slots, least recently used first
+        self._lock = threading.Lock()  # guards pending and idle (the event loop and the workers use them)
         self.contexts: list[Any] = []
         self.threads: list[threading.Thread] = []
         self.active: dict[int, Job] = {}
@@ -83,15 +92,28 @@ class SlotPool:
         for i in range(self.n_slots):
             ctx = self.model.create_context(**self.context_kwargs)
             self.contexts.append(ctx)
+            self.inboxes.append(queue.Queue())
             t = threading.Thread(target=self._worker, args=(i, ctx), name=f"mtp-slot-{i}", daemon=True)
             self.threads.append(t)
             t.start()
+            with self._lock:
+                self.idle.append(i)
 
     def submit(self, job: Job) -> None:
         if self.closing is not None:
             raise self.closing
         self.metrics.job_queued()
-        self.jobs.put(job)
+        with self._lock:
+            self.pending.append(job)
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Hand waiting jobs to free slots, in order (under ``_lock``)."""
+        while self.pending and self.idle:
+            job = self.pending.popleft()
+            slot = max(self.idle, key=lambda i: cached_prefix(self.contexts[i], job.tokens))  # ties: the first
+            self.idle.remove(slot)
+            self.inboxes[slot].put(job)
 
     def abort_all(self, error: APIError) -> None:
         """The server is stopping: refuse new jobs, answer the queued ones with ``error`` now and
@@ -103,18 +125,15 @@ class SlotPool:
             job.abort(error)
 
     def _drain_queue(self) -> list[Job]:
-        """Take every queued job off the queue, counted as skipped and told it has ended."""
-        drained = []
-        while True:
-            try:
-                job = self.jobs.get_nowait()
-            except queue.Empty:
-                return drained
-            if job is not None:
-                job.cancel()
-                self.metrics.job_skipped()
-                job.put(END)
-                drained.append(job)
+        """Take every waiting job off the queue, counted as skipped and told it has ended."""
+        with self._lock:
+            drained = list(self.pending)
+            self.pending.clear()
+        for job in drained:
+            job.cancel()
+            self.metrics.job_skipped()
+            job.put(END)
+        return drained
 
     def stop(self, timeout: float = 10.0) -> None:
         """Drop what is queued, cancel what runs, stop the workers, and free the contexts whose
@@ -122,8 +141,8 @@ class SlotPool:
         self._drain_queue()
         for job in list(self.active.values()):
             job.cancel()
-        for _ in self.threads:
-            self.jobs.put(None)
+        for inbox in self.inboxes:
+            inbox.put(None)
         deadline = time.monotonic() + timeout
         for t, ctx in zip(self.threads, self.contexts):
             t.join(max(0.0, deadline - time.monotonic()))
@@ -136,21 +155,26 @@ class SlotPool:
 
     def _worker(self, slot: int, ctx: Any) -> None:
         while True:
-            job = self.jobs.get()
+            job = self.inboxes[slot].get()
             if job is None:
                 return
-            if job.cancelled:  # the client left while the job was queued
-                self.metrics.job_skipped()
-                job.put(END)
-                continue
-            self.metrics.job_started()
-            self.active[slot] = job
             try:
-                self._execute(ctx, job)
+                if job.cancelled:  # the client left while the job was queued
+                    self.metrics.job_skipped()
+                    job.put(END)
+                    continue
+                self.metrics.job_started()
+                self.active[slot] = job
+                try:
+                    self._execute(ctx, job)
+                finally:
+                    self.active.pop(slot, None)
+                    self.metrics.job_finished()
+                    job.put(END)
             finally:
-                self.active.pop(slot, None)
-                self.metrics.job_finished()
-                job.put(END)
+                with self._lock:
+                    self.idle.append(slot)
+                    self._dispatch()
 
     def _execute(self, ctx: Any, job: Job) -> None:
         try:
