@@ -88,13 +88,15 @@ class Reply:
 
 def reply_prefix(with_prompt: str, without_prompt: str) -> str:
     """The part of the generation prompt the reply's parse starts with: what rendering with
-    ``add_generation_prompt`` added, after the opening ``<|turn>model\\n`` (empty when the
-    generation prompt is not an addition at the end)."""
+    ``add_generation_prompt`` added after its opening ``<|turn>model`` line (Gemma 4's generation
+    prompt may close an empty thought channel there, a template may open one). Empty when the
+    generation prompt opens no Gemma 4 model turn (another format, or a model turn going on after
+    tool responses) or is not an addition at the end."""
     if not with_prompt.startswith(without_prompt):
         return ""
     added = with_prompt[len(without_prompt):]
     at = added.rfind(MODEL_TURN)
-    return added[at + len(MODEL_TURN):] if at >= 0 else added
+    return added[at + len(MODEL_TURN):] if at >= 0 else ""
 
 
 class ValueSyntaxError(ValueError):

@@ -163,7 +163,7 @@ def test_render_chat_passes_tools_and_template_kwargs() -> None:
     custom = ChatOptions(template="{{ greeting }} {{ messages[0].content }}{% if add_generation_prompt %}!{% endif %}",
                          kwargs={"greeting": "hello"})
     prompt = chat_prompt(model, [ASK], custom)
-    assert prompt.text == "hello Weather in Paris?!" and prompt.reply_prefix == "!"
+    assert prompt.text == "hello Weather in Paris?!" and prompt.reply_prefix == ""  # no Gemma 4 model turn
     assert chat_prompt(model, [ASK], ChatOptions(kwargs={"enable_thinking": True})).reply_prefix == ""
     assert chat_prompt(model, [ASK]).reply_prefix == "<|channel>thought\n<channel|>"
 
@@ -211,6 +211,7 @@ def test_the_prefix_says_where_the_reply_starts() -> None:
     assert parse_reply("thinking", prefix="<|channel>thought\n").reasoning == "thinking"
     assert reply_prefix("A<|turn>model\n<|channel>thought\n", "A") == "<|channel>thought\n"
     assert reply_prefix("B", "A") == ""
+    assert reply_prefix("A<start_of_turn>model\n", "A") == ""  # Gemma 3's format: the reply is its text
 
 
 @pytest.mark.parametrize("seed", range(25))

@@ -55,8 +55,8 @@ def refuse_unsupported(body: Any) -> None:
             raise APIError(400, f"{name}: {what} is not supported by this server", param=name,
                            code="unsupported_parameter")
     if body.get("tool_choice") is not None and not _neutral("tool_choice", body["tool_choice"]):
-        raise APIError(400, "tool_choice: only 'auto' and 'none' are supported by this server (forcing a call "
-                            "needs constrained decoding)", param="tool_choice", code="unsupported_parameter")
+        raise APIError(400, "tool_choice: forcing a tool call is not supported by this server (only 'auto' and "
+                            "'none')", param="tool_choice", code="unsupported_parameter")
 
 
 def _asks_for_something(name: str, value: Any) -> bool:
