@@ -171,6 +171,7 @@ def test_a_rollback_past_the_sliding_window_decodes_everything() -> None:
 def test_a_server_slot_reuses_its_previous_prompt(server: Any) -> None:  # noqa: F811
     messages = [{"role": "user", "content": "Write a function that reverses a string."}]
     body: dict[str, Any] = {"messages": messages, "max_tokens": 16, "temperature": 0}
+    before = server.metrics()
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=TIMEOUT_S) as c:
         first = c.post("/v1/chat/completions", json=body).json()
         messages += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
@@ -182,3 +183,5 @@ def test_a_server_slot_reuses_its_previous_prompt(server: Any) -> None:  # noqa:
     assert t2["cache_n"] + t2["prompt_n"] == second["usage"]["prompt_tokens"]
     assert t3["cache_n"] == 0 and t3["prompt_n"] == off["usage"]["prompt_tokens"]
     assert off["choices"][0]["message"]["content"] == second["choices"][0]["message"]["content"]
+    cached = server.metrics()["mtp_prompt_tokens_cached_total"] - before["mtp_prompt_tokens_cached_total"]
+    assert cached == t1["cache_n"] + t2["cache_n"]

@@ -10,7 +10,8 @@ Our own names (``mtp_*``, stable: dashboards and tests use them):
 
 * ``mtp_http_requests_total{endpoint, status}``, ``mtp_slots``, ``mtp_requests_processing``,
   ``mtp_requests_queued``, ``mtp_generations_total``, ``mtp_generations_cancelled_total``,
-  ``mtp_prompt_tokens_total``, ``mtp_generated_tokens_total``, ``mtp_draft_tokens_total``,
+  ``mtp_prompt_tokens_total`` (every prompt token, cached or not), ``mtp_prompt_tokens_cached_total``
+  (those whose KV a slot's prompt cache kept), ``mtp_generated_tokens_total``, ``mtp_draft_tokens_total``,
   ``mtp_draft_accepted_tokens_total``, ``mtp_draft_position_{drafted,accepted}_total{position}``
   and ``mtp_draft_position_acceptance_ratio{position}`` (positions 1-based), and the histogram
   ``mtp_request_acceptance_rate``.
@@ -24,7 +25,7 @@ Aliases, for dashboards built for other servers, only where the meaning is the s
   ``llamacpp:spec_decode_num_drafts_total`` (verification steps: rounds that drafted) and
   ``llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position}`` (0-based, as llama-server's).
   Not mapped: ``n_decode_total``, ``n_busy_slots_per_decode``, ``n_tokens_max`` and the windowed
-  throughput gauges (no equivalent counted here); ``prompt_tokens_cached_total`` (no prompt cache).
+  throughput gauges (no equivalent counted here).
 * vLLM (labelled ``model_name``): ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
   ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``, ``vllm:spec_decode_num_drafts_total``,
   ``vllm:spec_decode_num_draft_tokens_total``, ``vllm:spec_decode_num_accepted_tokens_total`` and
@@ -61,6 +62,7 @@ class ServerMetrics:
         self.queued = 0
         self.processing = 0
         self.prompt_tokens = 0
+        self.prompt_tokens_cached = 0
         self.generated_tokens = 0
         self.prompt_seconds = 0.0
         self.generation_seconds = 0.0
@@ -105,6 +107,7 @@ class ServerMetrics:
             self.generations += 1
             self.cancelled += finish_reason == "cancelled"
             self.prompt_tokens += stats.n_prompt
+            self.prompt_tokens_cached += stats.n_prompt_cached
             self.generated_tokens += stats.n_generated
             self.prompt_seconds += stats.t_prompt
             self.generation_seconds += max(stats.t_total - stats.t_prompt, 0.0)
@@ -151,6 +154,7 @@ class _Collector:
             ("mtp_generations_total", "Generations run (finished or cancelled).", m.generations),
             ("mtp_generations_cancelled_total", "Generations cancelled by a client disconnect.", m.cancelled),
             ("mtp_prompt_tokens_total", "Prompt tokens processed.", m.prompt_tokens),
+            ("mtp_prompt_tokens_cached_total", "Prompt tokens whose KV the prompt cache kept.", m.prompt_tokens_cached),
             ("mtp_generated_tokens_total", "Tokens generated.", m.generated_tokens),
             ("mtp_draft_tokens_total", "Tokens drafted by the MTP assistant.", m.drafted),
             ("mtp_draft_accepted_tokens_total", "Drafted tokens the target accepted.", m.accepted),

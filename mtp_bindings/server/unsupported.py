@@ -8,7 +8,7 @@ do not have.
 A value that asks for nothing (``null``, ``false``, ``0``, an empty list or object, the sampler's
 own "off" value, OpenAI's plain-text ``response_format``) passes, since clients send defaults.
 Any other unknown field is a hint (``user``, ``service_tier``, ``store``, ``metadata``,
-``cache_prompt``, ``id_slot``, ...) and is ignored; the README's server section lists them.
+``id_slot``, ...) and is ignored; the README's server section lists them.
 """
 
 from __future__ import annotations
