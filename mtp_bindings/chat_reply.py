@@ -137,6 +137,16 @@ def _value(text: str, i: int) -> tuple[Any, int]:
     raise ValueSyntaxError(f"no value at {text[i:i + 20]!r}")
 
 
+def _next_item(text: str, i: int, close: str) -> tuple[int, bool]:
+    """After an item of a dict or list: past its ``,`` (False) or past the ``close`` (True)."""
+    i = _skip(text, i)
+    if text.startswith(",", i):
+        return i + 1, False
+    if text.startswith(close, i):
+        return i + 1, True
+    raise ValueSyntaxError(f"expected ',' or {close!r} at {text[i:i + 20]!r}")
+
+
 def _dict(text: str, i: int) -> tuple[dict[str, Any], int]:
     out: dict[str, Any] = {}
     i = _skip(text, i)
@@ -155,13 +165,9 @@ def _dict(text: str, i: int) -> tuple[dict[str, Any], int]:
         if not text.startswith(":", i):
             raise ValueSyntaxError(f"no ':' after the key {key!r}")
         out[str(key)], i = _value(text, i + 1)
-        i = _skip(text, i)
-        if text.startswith(",", i):
-            i += 1
-        elif text.startswith("}", i):
-            return out, i + 1
-        else:
-            raise ValueSyntaxError(f"expected ',' or '}}' at {text[i:i + 20]!r}")
+        i, done = _next_item(text, i, "}")
+        if done:
+            return out, i
 
 
 def _list(text: str, i: int) -> tuple[list[Any], int]:
@@ -172,13 +178,9 @@ def _list(text: str, i: int) -> tuple[list[Any], int]:
     while True:
         item, i = _value(text, i)
         out.append(item)
-        i = _skip(text, i)
-        if text.startswith(",", i):
-            i += 1
-        elif text.startswith("]", i):
-            return out, i + 1
-        else:
-            raise ValueSyntaxError(f"expected ',' or ']' at {text[i:i + 20]!r}")
+        i, done = _next_item(text, i, "]")
+        if done:
+            return out, i
 
 
 def parse_call(body: str) -> ToolCall | None:

@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,17 +129,19 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(5)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@contextmanager
+def running_server(args: list[str], folder: Path) -> Iterator[Server]:
+    """``mtp-bindings serve`` on a free loopback port with one thread, the API key, the assistant
+    (when this build can attach it, drafting 2) and ``args``; healthy on entry, stopped on exit.
+    Its log is ``folder/server.log``."""
     target, assistant = _model_files()
     has_mtp = _mtp_available(assistant)
     port = _free_port()
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    cmd = _serve_command() + ["serve", "-m", str(target), "--port", str(port), "-c", str(N_CTX),
-                              "-np", str(N_SLOTS), "-t", "1", "--api-key", KEY]
+    log = folder / "server.log"
+    cmd = _serve_command() + ["serve", "-m", str(target), "--port", str(port), "-t", "1", "--api-key", KEY, *args]
     cmd += ["-md", str(assistant), "--spec-draft-n-max", "2"] if has_mtp else ["--no-mtp"]
     with log.open("wb") as sink:
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, cwd=log.parent,
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, cwd=folder,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
@@ -147,6 +150,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     finally:
         _stop(proc)
     assert proc.returncode is not None
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with running_server(["-c", str(N_CTX), "-np", str(N_SLOTS)], tmp_path_factory.mktemp("server")) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")

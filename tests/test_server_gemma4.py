@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from mtp_bindings.gemma4_template import GEMMA4_TEMPLATE
-from test_server import KEY, Server, _free_port, _model_files, _mtp_available, _serve_command, _stop, _wait_healthy
+from test_server import Server, _free_port, _model_files, _serve_command, running_server
 
 PREFILL_LINE = "{%- if add_generation_prompt and reply_prefill is defined %}{{ reply_prefill }}{% endif %}"
 Q = '<|"|>'
@@ -36,27 +36,11 @@ CALL_TEXT = f"<|tool_call>call:get_weather{{city:{Q}Paris{Q}}}<tool_call|>"
 
 @pytest.fixture(scope="module")
 def g4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    import os
-    import subprocess
-
-    target, assistant = _model_files()
-    has_mtp = _mtp_available(assistant)
     folder = tmp_path_factory.mktemp("gemma4")
     template = folder / "gemma4.jinja"
     template.write_text(GEMMA4_TEMPLATE + PREFILL_LINE, encoding="utf-8")
-    port, log = _free_port(), folder / "server.log"
-    cmd = _serve_command() + ["serve", "-m", str(target), "--port", str(port), "-c", "1024", "-np", "1", "-t", "1",
-                              "--api-key", KEY, "--chat-template", str(template)]
-    cmd += ["-md", str(assistant), "--spec-draft-n-max", "2"] if has_mtp else ["--no-mtp"]
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, cwd=folder,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, log)
-        yield Server(url, proc, log, has_mtp)
-    finally:
-        _stop(proc)
+    with running_server(["-c", "1024", "-np", "1", "--chat-template", str(template)], folder) as server:
+        yield server
 
 
 def post(server: Server, path: str, body: dict[str, Any]) -> dict[str, Any]:
