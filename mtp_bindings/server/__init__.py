@@ -13,7 +13,12 @@ Endpoints:
   ``predicted_per_second``, ``draft_n``, ``draft_n_accepted``).
 * ``GET /v1/models``, ``GET /health`` (never needs the API key), ``GET /metrics`` (Prometheus text).
 * llama-server's ``POST /tokenize``, ``POST /detokenize`` and ``GET /props``, in its shapes
-  (:mod:`.native_routes`).
+  (:mod:`.native_routes`), and ``POST /apply-template`` (a chat request's prompt, ``{"prompt"}``).
+
+Chats are rendered with the GGUF's template, ``serve --chat-template FILE``'s, or Gemma 4's format
+(:mod:`mtp_bindings.chat_template`), with the request's ``tools`` and ``chat_template_kwargs``; the
+reply is split (:mod:`mtp_bindings.chat_reply`) into ``content``, ``reasoning_content`` (the thinking
+channel) and ``tool_calls`` (``tool_choice`` ``auto`` or ``none``), whole and streamed.
 
 Requests take the OpenAI fields that map onto :func:`~mtp_bindings.generation.driver.generate`
 (``max_tokens``/``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``,
