@@ -33,6 +33,7 @@ OPEN_CHANNEL, CLOSE_CHANNEL = "<|channel>", "<channel|>"
 OPEN_CALL, CLOSE_CALL = "<|tool_call>", "<tool_call|>"
 QUOTE = '<|"|>'
 MODEL_TURN = "<|turn>model\n"
+MARKERS = (OPEN_CHANNEL, CLOSE_CHANNEL, OPEN_CALL, CLOSE_CALL, QUOTE, "<|turn>")  # the text a reply must keep
 _CHANNEL_NAME = re.compile(r"[A-Za-z_]*\s?")
 _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .chat_reply import reply_prefix
+from .chat_reply import MARKERS, reply_prefix
 from .exceptions import InvalidParameterError
 from .gemma4_template import GEMMA4_TEMPLATE
 from .model import LlamaModel
@@ -122,6 +122,18 @@ def chat_tokens(model: LlamaModel, messages: Sequence[Mapping[str, Any]],
     except jinja2.TemplateError as e:
         raise InvalidParameterError(f"the chat template failed on these messages: {e}") from e
     return model.tokenize(text, **CHAT_TOKENIZE)
+
+
+def reply_markers(model: LlamaModel) -> frozenset[int]:
+    """The control tokens a reply's text must show for it to be parsed: Gemma 4's channel, tool-call
+    and string markers, where the vocabulary has each as one control token (which renders as nothing
+    unless asked; llama-server's "preserved tokens"). Empty for a vocabulary without them."""
+    found = set()
+    for marker in MARKERS:
+        toks = model.tokenize(marker, add_special=False, parse_special=True)
+        if len(toks) == 1 and not model.token_to_piece(toks[0]):
+            found.add(toks[0])
+    return frozenset(found)
 
 
 def text_tokens(model: LlamaModel, text: str) -> list[int]:

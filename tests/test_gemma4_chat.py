@@ -265,3 +265,47 @@ def test_the_request_schema_turns_tool_arguments_into_objects() -> None:
     assert [c["function"]["arguments"] for c in out["tool_calls"]] == [{"a": [1]}, "not json"]
     tool = ChatMessage.model_validate({"role": "tool", "tool_call_id": "c", "content": "ok"}).as_template_message()
     assert tool == {"role": "tool", "content": "ok", "tool_call_id": "c"}
+
+
+class _MarkerVocab:
+    """A vocabulary where Gemma 4's markers are single control tokens (as in real Gemma 4 GGUFs):
+    they render as nothing unless asked for with ``special=True``."""
+
+    def __init__(self) -> None:
+        from mtp_bindings.chat_reply import MARKERS
+
+        self.ids = {m: 1000 + i for i, m in enumerate(MARKERS)}
+        self.text = {i: m for m, i in self.ids.items()}
+
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        return [self.ids[text]] if parse_special and text in self.ids else [ord(c) for c in text]
+
+    def token_to_piece(self, token: int, special: bool = False) -> bytes:
+        if token in self.text:
+            return self.text[token].encode() if special else b""
+        return chr(token).encode()
+
+
+def test_control_token_markers_are_kept_as_text_for_the_parser() -> None:
+    from mtp_bindings.chat_template import reply_markers
+    from mtp_bindings.generation.text import TextAssembler
+
+    vocab: Any = _MarkerVocab()
+    markers = reply_markers(vocab)
+    assert markers == frozenset(vocab.ids.values())
+    tokens = vocab.tokenize("<|channel>", parse_special=True) + [ord(c) for c in "thought\nhm"] + \
+        vocab.tokenize("<channel|>", parse_special=True) + [ord("A")]
+    assert TextAssembler(vocab, []).feed(tokens) == "thought\nhmA"  # what plain rendering would lose
+    text = TextAssembler(vocab, [], markers).feed(tokens)
+    assert parse_reply(text).message() == {"role": "assistant", "content": "A", "reasoning_content": "hm"}
+    assert reply_markers(_StubVocabWithout()) == frozenset()
+
+
+class _StubVocabWithout:
+    """A vocabulary without the markers (they tokenize to several ordinary tokens, as the fixtures')."""
+
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+    def token_to_piece(self, token: int, special: bool = False) -> bytes:
+        return chr(token).encode()

@@ -8,13 +8,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import IO, Any
 
 import numpy as np
 
 from ..chat_reply import parse_reply
-from ..chat_template import CHAT_TOKENIZE, TEXT_TOKENIZE, ChatOptions, chat_prompt
+from ..chat_template import CHAT_TOKENIZE, TEXT_TOKENIZE, ChatOptions, chat_prompt, reply_markers
 from ..context import Context
 from ..env import env_depth2, env_skip_streak, env_trace
 from ..exceptions import ContextOverflowError, InvalidParameterError
@@ -90,6 +90,7 @@ def generate(
     cache_prompt: bool = DraftParams.cache_prompt,
     grammar: Grammar | str | None = None,
     json_schema: dict[str, Any] | str | None = None,
+    special_tokens: Collection[int] = (),
 ) -> GenerationResult | Iterator[TextPiece]:
     """Generate a continuation of ``prompt`` (text or token ids).
 
@@ -124,6 +125,8 @@ def generate(
     the generation stops (finish_reason ``stop``) when it is complete. Exact: a constrained
     generation with drafting gives what it gives without (at temperature 0 the same tokens).
     An invalid schema or grammar raises :class:`InvalidParameterError` naming the problem.
+    ``special_tokens``: token ids whose text the output shows even when they are control tokens
+    (which render as nothing otherwise); ``chat`` passes a chat format's markers.
     """
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
         raise InvalidParameterError(f"max_tokens must be a non-negative int, got {max_tokens!r}")
@@ -155,7 +158,7 @@ def generate(
         raise ContextOverflowError(f"the prompt has {len(tokens)} tokens; the context holds {ctx.n_ctx}")
     it = _pieces(model, ctx, tokens, sp, max_tokens, stops, opts, env_trace() if trace is None else trace, cancel,
                  prompt_progress, None if logprobs is None else LogprobRecorder(logprobs),
-                 None if compiled is None else TokenConstraint(model, compiled))
+                 None if compiled is None else TokenConstraint(model, compiled), special_tokens)
     if stream:
         return it
     pieces = list(it)
@@ -170,10 +173,10 @@ def _pieces(model: LlamaModel, ctx: Context, prompt: list[int], sp: SamplingPara
             stops: list[str], opts: DraftParams, trace: Any, cancel: Callable[[], bool] | None,
             prompt_progress: Callable[[int, int], None] | None = None,
             recorder: LogprobRecorder | None = None,
-            constraint: TokenConstraint | None = None) -> Iterator[TextPiece]:
+            constraint: TokenConstraint | None = None, special_tokens: Collection[int] = ()) -> Iterator[TextPiece]:
     stats = GenerationStats(n_prompt=len(prompt))
     tracer = Tracer.open(trace)
-    text = TextAssembler(model, stops)
+    text = TextAssembler(model, stops, special_tokens)
     finish = "length"
     stopped_in_prompt = False
 
@@ -232,6 +235,7 @@ def chat(model: LlamaModel, messages: Sequence[dict[str, Any]], *, tools: list[d
     prompt = chat_prompt(model, messages, ChatOptions(tools, chat_template, chat_template_kwargs or {}))
     for key, value in CHAT_TOKENIZE.items():
         kwargs.setdefault(key, value)
+    kwargs.setdefault("special_tokens", reply_markers(model))
     out = generate(model, prompt.text, **kwargs)
     if isinstance(out, GenerationResult):
         out.message = parse_reply(out.text, tools=bool(tools), prefix=prompt.reply_prefix).message()

@@ -5,14 +5,17 @@ Pure Python."""
 from __future__ import annotations
 
 import codecs
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 
 class TextAssembler:
-    """Turns tokens into text pieces (``model`` renders a token with ``token_to_piece``)."""
+    """Turns tokens into text pieces (``model`` renders a token with ``token_to_piece``; the
+    tokens in ``special`` with their text even when they are control tokens, which otherwise
+    render as nothing)."""
 
-    def __init__(self, model: Any, stop: Sequence[str]) -> None:
+    def __init__(self, model: Any, stop: Sequence[str], special: Collection[int] = ()) -> None:
         self.model = model
+        self.special = frozenset(special)
         self.stop = [s for s in stop if s]
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.pending = ""
@@ -21,7 +24,8 @@ class TextAssembler:
 
     def feed(self, tokens: Sequence[int]) -> str:
         """Add tokens; returns the text now safe to emit (may be empty)."""
-        raw = b"".join(self.model.token_to_piece(t) for t in tokens)
+        raw = b"".join(self.model.token_to_piece(t, special=True) if t in self.special else
+                       self.model.token_to_piece(t) for t in tokens)
         self.pending += self.decoder.decode(raw)
         if self.stop:
             hits = [(self.pending.find(s), s) for s in self.stop]

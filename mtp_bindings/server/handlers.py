@@ -21,7 +21,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
-from ..chat_template import ChatOptions
+from ..chat_template import ChatOptions, reply_markers
 from ..exceptions import InvalidParameterError, TokenizeError
 from ..limits import SERVER_N_PREDICT
 from .errors import APIError, ClientGone, generation_error, shutting_down_error
@@ -108,6 +108,8 @@ class Server:
         kwargs = generation_kwargs(req, self.draft, len(tokens), self.n_ctx, self.model.n_vocab, self.n_predict)
         if kwargs["logprobs"] is not None:
             reply.piece, reply.offset = self.model.token_to_piece, len(echo)
+        if reply.chat:  # as Model.chat: the reply's control-token markers as text, to be parsed
+            kwargs["special_tokens"] = reply_markers(self.model)
         job = Job(tokens, kwargs, asyncio.get_running_loop())
         self.pool.submit(job)
         try:
