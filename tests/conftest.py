@@ -25,7 +25,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "bindings": ("test_model.py", "test_mtp_api.py", "test_mtp_threads.py", "test_layer_hooks.py", "test_resources.py",
                  "test_bad_input.py"),
     "generation": ("test_generate.py", "test_speculative.py", "test_logprobs.py", "test_hf_reference.py",
-                   "test_upstream_parity.py", "test_soak.py", "test_scale_pair.py"),
+                   "test_upstream_parity.py", "test_soak.py", "test_scale_pair.py", "test_structured_output.py"),
     "tools": ("test_cli.py", "test_front_door.py", "test_examples.py", "test_bench_smoke.py", "test_build.py",
               "test_placement_flags.py"),
 }

@@ -26,8 +26,9 @@ Requests take the OpenAI fields that map onto :func:`~mtp_bindings.generation.dr
 ``stream_options.include_usage``, ``logprobs``/``top_logprobs`` (chat) and ``logprobs`` (text: the number
 of alternatives); ``n`` must be 1) and llama-server's extras (``top_k``, ``min_p``, ``repeat_penalty``,
 ``repeat_last_n``, ``n_predict``, ``speculative.n_max`` -- flat key or nested object -- and
-``draft_n_max``). A field we do not implement that would change the output (``response_format``,
-``tools``, ``grammar``, llama.cpp samplers we lack, ...) is a 400 naming it (see :mod:`.unsupported`);
+``draft_n_max``), and structured output (``response_format``, ``grammar``, ``json_schema``:
+:mod:`.structured`). A field we do not implement that would change the output (a forced
+tool call, llama.cpp samplers we lack, ...) is a 400 naming it (see :mod:`.unsupported`);
 other unknown fields are hints and are ignored, since OpenAI clients send extras; a known field of
 the wrong type or out of range, bad JSON, or a prompt that does not fit the context is a 400 with
 OpenAI's error body ``{"error": {"message", "type", "param", "code"}}``. User input never yields

@@ -106,6 +106,9 @@ class Server:
         """Queue the generation, wait for its first piece (so errors before any output still get
         their proper status), then answer streamed or whole."""
         kwargs = generation_kwargs(req, self.draft, len(tokens), self.n_ctx, self.model.n_vocab, self.n_predict)
+        grammar = await anyio.to_thread.run_sync(req.requested_grammar)  # compiling a schema can take a while
+        if grammar is not None:
+            kwargs["grammar"] = grammar
         if kwargs["logprobs"] is not None:
             reply.piece, reply.offset = self.model.token_to_piece, len(echo)
         if reply.chat:  # as Model.chat: the reply's control-token markers as text, to be parsed

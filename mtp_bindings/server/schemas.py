@@ -23,7 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ..exceptions import InvalidParameterError
 from ..params import LOGPROBS_MAX, DraftParams, SamplingParams
+from ..generation.constraint import Grammar
 from .errors import APIError
+from .structured import JSONSchemaFormat, ResponseFormat, request_grammar
 from .unsupported import refuse_unsupported
 
 _STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
@@ -106,6 +108,9 @@ class GenerationRequest(BaseModel):
     draft_n_max: int | None = _draft_n_max()
     speculative: SpeculativeOptions | bool | None = None  # false: plain decoding for this request
     speculative_n_max: int | None = _draft_n_max(alias="speculative.n_max")
+    response_format: ResponseFormat | None = None  # structured output (see structured.py)
+    grammar: str | None = None  # llama-server's: GBNF (or Lark)
+    json_schema: dict[str, Any] | None = None  # llama-server's: a JSON schema
     cache_prompt: bool | None = None  # llama-server's: reuse the slot's KV of the common prefix (None: the server's)
 
     @field_validator("n")
@@ -170,6 +175,11 @@ class GenerationRequest(BaseModel):
         if isinstance(self.speculative, SpeculativeOptions) and self.speculative.n_max is not None:
             return self.speculative.n_max
         return self.speculative_n_max
+
+    def requested_grammar(self) -> Grammar | None:
+        """The grammar the output must follow (``response_format``, ``grammar`` or
+        ``json_schema``), or None; a 400 naming the field when it does not compile."""
+        return request_grammar(self.response_format, self.grammar, self.json_schema)
 
 
 class TextPart(BaseModel):
@@ -330,6 +340,8 @@ def _field_names(*models: type[BaseModel]) -> frozenset[str]:
 
 _FIELD_NAMES = _field_names(ChatCompletionRequest, CompletionRequest, ChatMessage, TextPart, StreamOptions,
                             SpeculativeOptions, ToolDef, FunctionDef, ToolCallIn, FunctionCall)
+
+_FIELD_NAMES |= _field_names(ResponseFormat, JSONSchemaFormat)
 
 
 def _error_param(loc: Iterable[Any]) -> str | None:

@@ -6,7 +6,8 @@ naming the field, when it asks for something the generation would not do -- forc
 (``tool_choice`` other than ``auto``/``none``), llama-server's ``n_probs``, llama.cpp samplers we
 do not have.
 A value that asks for nothing (``null``, ``false``, ``0``, an empty list or object, the sampler's
-own "off" value, OpenAI's plain-text ``response_format``) passes, since clients send defaults.
+own "off" value) passes, since clients send defaults. Structured output (``response_format``,
+``grammar``, ``json_schema``) is implemented: :mod:`.structured` reads it.
 Any other unknown field is a hint (``user``, ``service_tier``, ``store``, ``metadata``,
 ``id_slot``, ...) and is ignored; the README's server section lists them.
 """
@@ -19,9 +20,6 @@ from .errors import APIError
 
 # field -> what it would ask for (said in the error)
 UNSUPPORTED: dict[str, str] = {
-    "response_format": "structured output (json_object / json_schema)",
-    "json_schema": "structured output (a JSON schema)",
-    "grammar": "structured output (a GBNF grammar)",
     "functions": "function calls",
     "function_call": "function calls",
     "n_probs": "token probabilities",
@@ -37,7 +35,6 @@ UNSUPPORTED: dict[str, str] = {
 }
 # the value of a field that asks for nothing, beyond null / false / 0 / [] / {}
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "response_format": ({"type": "text"},),
     "typical_p": (1.0,),
     "top_n_sigma": (-1.0,),
     "tool_choice": ("none", "auto"),
