@@ -264,6 +264,7 @@ class MatrixRunner:
                         self.meter.sample()
             finally:
                 for srv in list(ups.values()) + list(ours_srv.values()):
+                    self.meter.retire(srv.pid)
                     srv.stop()
                 for ctx in ctxs.values():
                     ctx.close()

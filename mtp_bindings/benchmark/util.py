@@ -62,10 +62,18 @@ class CpuMeter:
         self.start = (0, 0)
         self.t0 = 0.0
         self.load: list[float] = []
+        self.retired_j = 0  # CPU of our processes that have exited (read just before they stopped)
 
     def add(self, pid: int) -> None:
         self.pids.add(pid)
         self.start_pid_j.setdefault(pid, _proc_jiffies(pid))
+
+    def retire(self, pid: int) -> None:
+        """Count ``pid``'s CPU now, before it exits: afterwards /proc has nothing to read, and its
+        time would be taken for other work's."""
+        if pid in self.pids:
+            self.retired_j += max(_proc_jiffies(pid) - self.start_pid_j.get(pid, 0), 0)
+            self.pids.discard(pid)
 
     def begin(self) -> None:
         self.start = _busy_jiffies()
@@ -82,7 +90,7 @@ class CpuMeter:
         busy1, _ = _busy_jiffies()
         hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         wall = max(time.perf_counter() - self.t0, 1e-9)
-        ours = sum(max(_proc_jiffies(p) - self.start_pid_j.get(p, 0), 0) for p in self.pids)
+        ours = self.retired_j + sum(max(_proc_jiffies(p) - self.start_pid_j.get(p, 0), 0) for p in self.pids)
         others = max(busy1 - self.start[0] - ours, 0) / hz / wall
         return {"wall_s": wall, "cores": os.cpu_count(), "ours_cores": ours / hz / wall,
                 "others_cores": others, "loadavg_min": min(self.load, default=float("nan")),
