@@ -47,7 +47,8 @@ GEMMA4_TEMPLATE = r"""
 {%- set out = namespace(parts=[]) -%}
 {%- for k, x in items | dictsort if x is not none -%}
 {%- if k == 'properties' -%}
-{%- set out.parts = out.parts + ['properties:{' ~ (props(x, items['required'] | default([])) if x is mapping else '') ~ '}'] -%}
+{%- set inner = props(x, items['required'] | default([])) if x is mapping else '' -%}
+{%- set out.parts = out.parts + ['properties:{' ~ inner ~ '}'] -%}
 {%- elif k == 'required' -%}
 {%- set out.parts = out.parts + ['required:' ~ quoted_list(x)] -%}
 {%- elif k == 'type' -%}
@@ -67,9 +68,13 @@ items:{ {{- out.parts | join(',') -}} }
 {%- set sep.on = true -%}
 {%- set kind = p['type'] | upper -%}
 {%- set out = namespace(parts=[]) -%}
-{%- if p['description'] -%}{%- set out.parts = out.parts + ['description:<|"|>' ~ p['description'] ~ '<|"|>'] -%}{%- endif -%}
+{%- if p['description'] -%}
+{%- set out.parts = out.parts + ['description:<|"|>' ~ p['description'] ~ '<|"|>'] -%}
+{%- endif -%}
 {%- if kind == 'STRING' and p['enum'] -%}{%- set out.parts = out.parts + ['enum:' ~ gval(p['enum'])] -%}{%- endif -%}
-{%- if kind == 'ARRAY' and p['items'] is mapping and p['items'] -%}{%- set out.parts = out.parts + [array_items(p['items'])] -%}{%- endif -%}
+{%- if kind == 'ARRAY' and p['items'] is mapping and p['items'] -%}
+{%- set out.parts = out.parts + [array_items(p['items'])] -%}
+{%- endif -%}
 {%- if p['nullable'] -%}{%- set out.parts = out.parts + ['nullable:true'] -%}{%- endif -%}
 {%- if kind == 'OBJECT' -%}
 {%- set inner = p['properties'] if p['properties'] is defined and p['properties'] is mapping else p -%}
@@ -152,7 +157,9 @@ declaration:{{ f['name'] }}{description:<|"|>{{ f['description'] }}<|"|>
 {%- set state.open = true -%}
 {%- set calls = m['tool_calls'] or [] -%}
 {%- set thought = m['reasoning'] or m['reasoning_content'] -%}
-{%- if thought and calls and loop.index0 > state.last_user -%}{{ '<|channel>thought\n' ~ thought ~ '\n<channel|>' }}{%- endif -%}
+{%- if thought and calls and loop.index0 > state.last_user -%}
+{{- '<|channel>thought\n' ~ thought ~ '\n<channel|>' -}}
+{%- endif -%}
 {%- for call in calls -%}
 <|tool_call>call:{{ call['function']['name'] }}{
 {%- set args = call['function']['arguments'] -%}
@@ -172,8 +179,11 @@ declaration:{{ f['name'] }}{description:<|"|>{{ f['description'] }}<|"|>
 {%- else -%}
 {%- set reply = rest[k] -%}
 {%- set fn = namespace(name=reply['name'] or 'unknown') -%}
-{%- for call in calls if call['id'] is defined and call['id'] == reply['tool_call_id'] -%}{%- set fn.name = call['function']['name'] -%}{%- endfor -%}
-{%- set body = reply['content'] if reply['content'] is string or reply['content'] is not iterable else joined_text(reply['content']) -%}
+{%- for call in calls if call['id'] is defined and call['id'] == reply['tool_call_id'] -%}
+{%- set fn.name = call['function']['name'] -%}
+{%- endfor -%}
+{%- set body = reply['content'] if reply['content'] is string or reply['content'] is not iterable
+    else joined_text(reply['content']) -%}
 {{- response_block(fn.name, body) -}}
 {%- set answered.any = true -%}
 {%- endif -%}
