@@ -10,6 +10,7 @@ One module per job, each importing only downward (see ARCHITECTURE.md):
   ``CandidateGenerator``), and the skip-streak policy that wraps one;
 * :mod:`.verifier` -- the verify decode, the KV rollback and the hidden state to draft from;
 * :mod:`.logprobs` -- the emitted tokens' log-probabilities, from the rows verification has;
+* :mod:`.constraint` -- structured output: a grammar (JSON schema, GBNF) every token follows;
 * :mod:`.prefill` -- the prompt; :mod:`.prompt_cache` -- what a context's KV holds, to reuse a
   prompt's common prefix; :mod:`.loop` -- the round loop, which only orchestrates;
 * :mod:`.text` -- tokens to text pieces; :mod:`.trace` -- the NDJSON acceptance trace;
@@ -26,12 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .driver import chat, generate
+    from .constraint import Grammar
     from .logprobs import TokenLogprob
     from .results import GenerationResult, TextPiece
     from .stats import GenerationStats
 
 _LAZY = {"generate": ".driver", "chat": ".driver", "GenerationResult": ".results", "TextPiece": ".results",
-         "GenerationStats": ".stats", "TokenLogprob": ".logprobs"}
+         "GenerationStats": ".stats", "TokenLogprob": ".logprobs", "Grammar": ".constraint"}
 
 
 def __getattr__(name: str) -> Any:
@@ -43,4 +45,4 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["generate", "chat", "GenerationResult", "GenerationStats", "TextPiece", "TokenLogprob"]
+__all__ = ["generate", "chat", "GenerationResult", "GenerationStats", "TextPiece", "TokenLogprob", "Grammar"]
