@@ -32,7 +32,7 @@ class Model(LlamaModel):
     ``path`` is the target GGUF; ``assistant`` an optional MTP assistant GGUF to attach (see
     :meth:`attach_assistant`), its layers placed like the target's unless ``n_gpu_layers_draft``
     / ``devices_draft`` say otherwise (llama.cpp's ``-ngld`` / ``-devd``); the other keyword
-    arguments (``n_gpu_layers``, ``devices``, ``use_mmap``, ``vocab_only``, ``progress``,
+    arguments (``n_gpu_layers``, ``devices``, ``use_mmap``, ``vocab_only``, ``repack``, ``progress``,
     ``verbose``) are :class:`~mtp_bindings.model.LlamaModel`'s.
     """
 

@@ -128,6 +128,8 @@ class LlamaModel(NativeHandle):
         devices: the devices to offload to (llama.cpp's ``--device``: names, ``"CUDA0,CUDA1"``,
             or ``"none"``; default all), see :mod:`mtp_bindings.devices`.
         use_mmap: map the file instead of reading it.
+        repack: let llama.cpp put weights in its repacked CPU layouts (AMX where the CPU has it), its
+            default; False is llama-server's ``--no-repack``. An attached assistant follows it.
         vocab_only: load only the vocabulary (no weights; no contexts can be created).
         progress: a callable ``f(fraction) -> bool | None`` (return False to abort), or True
             for a progress bar.
@@ -147,6 +149,7 @@ class LlamaModel(NativeHandle):
         devices: str | Sequence[str] | None = None,
         use_mmap: bool = True,
         vocab_only: bool = False,
+        repack: bool = True,
         progress: ProgressCallback | bool | None = None,
         verbose: bool = False,
     ) -> None:
@@ -163,8 +166,12 @@ class LlamaModel(NativeHandle):
         # where the layers went: an attached assistant follows it unless told otherwise
         self.n_gpu_layers = n_gpu_layers
         self.devices = devices
+        self.repack = bool(repack)
 
         params = self._model_params(n_gpu_layers, use_mmap, vocab_only)
+        # llama.cpp's extra weight buffer types (repacked CPU layouts, AMX where the CPU has it):
+        # on by default, off is llama-server's --no-repack
+        params.use_extra_bufts = self.repack
         self._device_array = None if devices is None else device_array(devices)
         if self._device_array is not None:
             params.devices = self._device_array

@@ -47,6 +47,7 @@ def attach_assistant(model: LlamaModel, path: Any, n_gpu_layers: int | None = No
     devices = model.devices if devices is None else devices
     params = lib.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers
+    params.use_extra_bufts = model.repack  # the target's weight layout choice
     keep = None if devices is None else device_array(devices)
     if keep is not None:
         params.devices = keep

@@ -130,3 +130,17 @@ def test_closing_the_model_closes_its_contexts(dense_target_path):
     ctx = m.create_context(n_ctx=32)
     m.close()
     assert ctx.closed and m.closed
+
+
+def test_repack_false_loads_the_weights_in_the_plain_layout_and_decodes_the_same(trained_paths):
+    # llama-server's --no-repack: a public switch (the benchmark used to patch the bindings for it)
+    from mtp_bindings import Model
+
+    rows = []
+    for repack in (True, False):
+        with Model(trained_paths[0], assistant=trained_paths[1], repack=repack) as model:
+            assert model.repack is repack
+            with model.create_context(n_ctx=128, n_threads=1) as ctx:
+                ctx.decode(model.tokenize("def f(x):\n"), pos=0)
+                rows.append(ctx.logits_view(-1).copy())
+    assert abs(rows[0] - rows[1]).max() < 1e-2  # same function, other kernels

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -11,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -326,40 +325,6 @@ def measure_memory_ours(target: Path, assistant: Path, threads: int) -> dict[str
     return {"error": f"memory worker failed ({r.returncode}): {r.stderr[-2000:]}"}
 
 
-@contextlib.contextmanager
-def weight_layout(repack: bool) -> Iterator[None]:
-    """Load models with (llama.cpp's default) or without its extra weight buffer types -- the
-    repacked CPU layouts, AMX where the CPU has it; ``llama-server --no-repack`` is the same
-    switch. The bindings do not expose it, so ``llama_model_default_params`` is patched for the
-    models (targets and assistants) loaded inside."""
-    from .. import model as m_model
-    from .. import mtp as m_mtp
-
-    if repack:
-        yield
-        return
-    mods = (m_model, m_mtp)
-    saved = [m.lib for m in mods]
-
-    class _Lib:
-        def __getattr__(self, name: str) -> Any:
-            if name == "llama_model_default_params":
-                def params() -> Any:
-                    p = saved[0].llama_model_default_params()
-                    p.use_extra_bufts = False
-                    return p
-                return params
-            return getattr(saved[0], name)
-
-    for m in mods:
-        m.lib = _Lib()
-    try:
-        yield
-    finally:
-        for m, lib in zip(mods, saved):
-            m.lib = lib
-
-
 def _try_draft_subprocess(target: Path, assistant: Path, threads: int) -> dict[str, Any]:
     """One MTP draft in a fresh process (a native abort must not take the benchmark down)."""
     code = ("import sys; from mtp_bindings import Model; m = Model(sys.argv[1], assistant=sys.argv[2]); "
@@ -399,13 +364,12 @@ def run_cost(cfg: BenchConfig, log_dir: Path, acceptance: dict[str, Any] | None)
     log("cost: our draft steps (dense vs centroid head; repack and no-repack)")
     models: dict[str, Any] = {}
     try:
-        with weight_layout(True):
-            models["dense"] = Model(paths["target"], assistant=paths["dense"])
-            if res["centroid_repack"]["ok"]:
-                models["centroid"] = Model(paths["target"], assistant=paths["centroid"])
-        with weight_layout(False):
-            models["dense no-repack"] = Model(paths["target"], assistant=paths["dense"])
-            models["centroid no-repack"] = Model(paths["target"], assistant=paths["centroid"])
+        # repack: llama.cpp's default weight layouts (AMX / repacked); no-repack: llama-server's --no-repack
+        models["dense"] = Model(paths["target"], assistant=paths["dense"])
+        if res["centroid_repack"]["ok"]:
+            models["centroid"] = Model(paths["target"], assistant=paths["centroid"])
+        models["dense no-repack"] = Model(paths["target"], assistant=paths["dense"], repack=False)
+        models["centroid no-repack"] = Model(paths["target"], assistant=paths["centroid"], repack=False)
         res["draft_ours"] = measure_draft_steps(models, threads=cfg.threads, n_prompt=n_prompt, steps=steps,
                                                 rounds=max(rounds, 3))
         log("cost: verify 1..5 tokens")
