@@ -140,10 +140,13 @@ class _Vocabulary:
             self.tokens.append(piece)
         self.eos_token_id = model.token_eos
         self.bos_token_id = model.token_bos
-        self._model = model
+        self._model = weakref.ref(model)  # weak: the tokenizer is cached per model, keyed weakly by it
 
     def __call__(self, text: bytes | str) -> list[int]:
-        return self._model.tokenize(text, add_special=False, parse_special=False)
+        model = self._model()
+        if model is None:
+            raise MTPBindingsError("the model of this vocabulary is gone")
+        return model.tokenize(text, add_special=False, parse_special=False)
 
 
 _tokenizers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
