@@ -106,10 +106,12 @@ def test_concurrent_mixed_load_gives_solo_outputs_and_no_5xx(server: Server):  #
     first, second = rounds
     # Thread pools grow to the highest concurrency they have seen, and round 2 can reach a peak round 1
     # did not (measured: 10 threads after round 1, 11 after round 2; once 8 then 11). Something kept per
-    # request would add a thread or a file per request.
+    # request would add a thread or a file per request. A socket the last client just closed may still
+    # be open on the server's side for a moment (the full suite once saw 7 -> 8 files): wait for both.
     deadline = time.monotonic() + 20
-    while second["threads"] > first["threads"] + POOL_GROWTH and time.monotonic() < deadline:
-        time.sleep(0.5)  # idle worker threads of the server's thread pool (anyio) expire
+    while ((second["threads"] > first["threads"] + POOL_GROWTH or second["fds"] > first["fds"])
+           and time.monotonic() < deadline):
+        time.sleep(0.5)  # idle worker threads of the server's thread pool (anyio) expire, sockets close
         second = proc_stats(server.proc.pid)
     assert second["threads"] <= first["threads"] + POOL_GROWTH and second["fds"] <= first["fds"], (first, second)
     assert second["rss_kb"] - first["rss_kb"] < 16 * 1024, rounds
