@@ -18,8 +18,9 @@ from .config import BenchConfig, llama_server_path, log
 from .costs import measure_draft_steps, measure_verify, run_cost, upstream_draft_times
 from .driver_time import driver_overhead, profile_driver, py_spy_driver_profile
 from .matrix import MatrixRunner, Sample, aggregate, eog_bias, identity_check, noise_summary
-from .report import make_plots, targets, write_report
+from .report import make_plots, write_report
 from .speedup import expected_speedup
+from .targets import targets
 
 
 
