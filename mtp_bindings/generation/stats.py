@@ -81,7 +81,7 @@ class GenerationStats:
     @property
     def tokens_per_second(self) -> float:
         """Generated tokens per second after the prompt."""
-        return per_second(self.n_generated, self.t_total - self.t_prompt)
+        return per_second(self.n_generated, self.t_generate)
 
     @property
     def n_prompt_decoded(self) -> int:

@@ -110,7 +110,7 @@ class ServerMetrics:
             self.prompt_tokens_cached += stats.n_prompt_cached
             self.generated_tokens += stats.n_generated
             self.prompt_seconds += stats.t_prompt
-            self.generation_seconds += max(stats.t_total - stats.t_prompt, 0.0)
+            self.generation_seconds += stats.t_generate
             self.drafted += stats.n_drafted
             self.accepted += stats.n_accepted
             add_per_position(self.drafted_pos, stats.drafted_per_position)

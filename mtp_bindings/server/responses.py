@@ -25,19 +25,18 @@ FINGERPRINT = f"mtp-bindings-{__version__}"
 def timings(stats: GenerationStats) -> dict[str, Any]:
     """llama-server's ``timings`` object, with its draft counters: as there, ``prompt_n`` counts the
     prompt tokens decoded and ``cache_n`` those whose KV the slot's prompt cache kept."""
-    gen_s = max(stats.t_total - stats.t_prompt, 0.0)
-    prompt_ms, gen_ms = stats.t_prompt * 1e3, gen_s * 1e3
+    prompt_ms, gen_ms = stats.t_prompt * 1e3, stats.t_generate * 1e3
     n_decoded = stats.n_prompt_decoded
     return {
         "cache_n": stats.n_prompt_cached,
         "prompt_n": n_decoded,
         "prompt_ms": prompt_ms,
         "prompt_per_token_ms": prompt_ms / n_decoded if n_decoded else 0.0,
-        "prompt_per_second": n_decoded / stats.t_prompt if stats.t_prompt > 0 else 0.0,
+        "prompt_per_second": stats.prompt_tokens_per_second,
         "predicted_n": stats.n_generated,
         "predicted_ms": gen_ms,
         "predicted_per_token_ms": gen_ms / stats.n_generated if stats.n_generated else 0.0,
-        "predicted_per_second": stats.n_generated / gen_s if gen_s > 0 else 0.0,
+        "predicted_per_second": stats.tokens_per_second,
         "draft_n": stats.n_drafted,
         "draft_n_accepted": stats.n_accepted,
     }
