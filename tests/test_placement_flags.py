@@ -6,14 +6,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from typing import Any
 
-import httpx
 import pytest
 
-from test_server import _free_port, _model_files, _serve_command, _stop, _wait_healthy
+from test_server import _model_files, _serve_command, running_server
 
 FLAGS = ["-ngl", "99", "-ngld", "3", "--device", "none", "-devd", "none", "-fa", "on", "-t", "2", "-tb", "3"]
 
@@ -121,23 +119,10 @@ def test_an_unknown_device_is_refused_naming_the_flag_and_what_exists() -> None:
                                    ["-ngl", "99", "-ngld", "99", "-fa", "off", "-t", "1", "-tb", "2"]],
                          ids=["ngl-0-fa-auto", "ngl-99-tb"])
 def test_serve_with_placement_flags_starts_and_answers(tmp_path: Any, flags: list[str]) -> None:
-    target, assistant = _model_files()
-    port = _free_port()
-    log = tmp_path / "server.log"
-    cmd = _serve_command() + ["serve", "-m", str(target), "--port", str(port), "-c", "512", *flags]
-    cmd += ["-md", str(assistant)] if assistant is not None else ["--no-mtp"]
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, cwd=tmp_path,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, log)
-        r = httpx.post(f"{url}/v1/completions", json={"prompt": "def f(", "max_tokens": 4, "temperature": 0},
-                       timeout=60)
+    with running_server(["-c", "512", *flags], tmp_path) as server, server.client() as c:
+        r = c.post("/v1/completions", json={"prompt": "def f(", "max_tokens": 4, "temperature": 0})
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] >= 1
-    finally:
-        _stop(proc)
 
 
 @pytest.mark.parametrize("tb,expected", [(None, None), (4, 2), (1, 1)])
