@@ -157,10 +157,15 @@ def _e2b_config(mode: str) -> BenchConfig:
                        dense_ns=(2, 3), http_ns=(1, 2, 3), outputs=(128, 512), **common)
 
 
+def kv_setup_name(kv: str) -> str:
+    """The name of the tiny pair's setup for KV type ``kv`` (the cells' key in the results)."""
+    return f"KV {kv}"
+
+
 def setups(cfg: BenchConfig) -> list[Setup]:
     """The setups of ``cfg``; on the E2B pair the files are built on first use (minutes) and cached."""
     if cfg.pair != "e2b":
-        return [Setup(f"KV {kv}", cfg.target, cfg.assistant, cfg.assistant, None, kv) for kv in cfg.kv_types]
+        return [Setup(kv_setup_name(kv), cfg.target, cfg.assistant, cfg.assistant, None, kv) for kv in cfg.kv_types]
     from ..scale_pair import ScaleConfig, scale_pair
 
     sp = scale_pair(ScaleConfig(), types=cfg.weights, progress=True)

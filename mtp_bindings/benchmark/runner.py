@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .config import BenchConfig, llama_server_path, log
+from .config import BenchConfig, kv_setup_name, llama_server_path, log
 from .costs import measure_draft_steps, measure_verify, run_cost, upstream_draft_times
 from .driver_time import driver_overhead, profile_driver, py_spy_driver_profile
 from .matrix import MatrixRunner, Sample, aggregate, eog_bias, identity_check, noise_summary
@@ -92,7 +92,7 @@ def speedup_table(result: dict[str, Any], cfg: BenchConfig) -> dict[str, Any]:
     drv = {(r["config"], r["draft_n"]): r["driver_us_per_round"] * 1e-6
            for r in result.get("driver", {}).get("rows", []) if r["temp"] == 0.0}
     out_rows = []
-    kv, n_out = f"KV {cfg.kv_types[0]}", max(cfg.outputs)  # the tiny pair's first setup (config.setups)
+    kv, n_out = kv_setup_name(cfg.kv_types[0]), max(cfg.outputs)  # the tiny pair's first setup
 
     def cell(fam: str, k: int) -> dict[str, Any] | None:
         return next((r for r in rows if r["family"] == fam and r["draft_n"] == k and r["kv"] == kv
