@@ -25,6 +25,18 @@ from pycparser import c_ast, c_generator
 # ggml functions the Python layer calls directly (everything else of ggml stays out of the cdef).
 GGML_FUNCTIONS = {
     "ggml_backend_load_all",
+    "ggml_backend_load_all_from_path",  # the portable build's CPU variants live next to libllama
+    "ggml_backend_load",
+    "ggml_backend_register",             # RPC servers (ggml_backend_rpc_add_server's registry)
+    "ggml_backend_reg_count",
+    "ggml_backend_reg_get",
+    "ggml_backend_reg_by_name",
+    "ggml_backend_reg_name",
+    "ggml_backend_reg_dev_count",
+    "ggml_backend_reg_dev_get",
+    "ggml_backend_reg_get_proc_address",
+    "ggml_backend_dev_backend_reg",
+    "ggml_backend_dev_memory",
     "ggml_backend_dev_count",
     "ggml_backend_dev_get",
     "ggml_backend_dev_name",
