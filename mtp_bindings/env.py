@@ -6,6 +6,9 @@ these readers; the loop, drafters and tracer below them take explicit values.
 * ``LLAMA_PIPELINE_DEPTH2=0`` turns depth-2 drafting overlap off.
 * ``LLAMA_MTP_SKIP_STREAK_THRESHOLD=N`` sets the skip-streak threshold.
 * ``LLAMA_MTP_ACC_TRACE=PATH`` (or ``1`` for stderr) writes the NDJSON acceptance trace.
+* ``MTP_BINDINGS_CPU_VARIANT=NAME`` loads that CPU variant of a portable build (a wheel) instead of
+  the best one for this CPU. Read once, when the native library is initialised (like the OpenMP
+  variables of :mod:`.threads`): it is a property of the process, not of one call.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from .exceptions import InvalidParameterError
 ENV_DEPTH2 = "LLAMA_PIPELINE_DEPTH2"
 ENV_SKIP_STREAK = "LLAMA_MTP_SKIP_STREAK_THRESHOLD"
 ENV_TRACE = "LLAMA_MTP_ACC_TRACE"
+ENV_CPU_VARIANT = "MTP_BINDINGS_CPU_VARIANT"
 
 
 def env_depth2(environ: Mapping[str, str] = os.environ) -> bool:
@@ -39,3 +43,8 @@ def env_skip_streak(default: int, environ: Mapping[str, str] = os.environ) -> in
 def env_trace(environ: Mapping[str, str] = os.environ) -> str | None:
     """``LLAMA_MTP_ACC_TRACE``: a path, ``1`` (stderr) or None."""
     return environ.get(ENV_TRACE) or None
+
+
+def env_cpu_variant(environ: Mapping[str, str] = os.environ) -> str | None:
+    """``MTP_BINDINGS_CPU_VARIANT``: a CPU variant's name (``haswell``, ...), None when unset or empty."""
+    return environ.get(ENV_CPU_VARIANT, "").strip().lower() or None

@@ -11,6 +11,11 @@ class InvalidParameterError(MTPBindingsError, ValueError):
     """An argument has the wrong type or is out of its documented range."""
 
 
+class CPUVariantError(InvalidParameterError):
+    """``MTP_BINDINGS_CPU_VARIANT`` names a CPU variant this build does not have (a native build has
+    none, a wheel has one per x86-64 level) or one this CPU cannot run."""
+
+
 class ModelLoadError(MTPBindingsError):
     """A model file could not be loaded (missing, not a GGUF, truncated, unsupported)."""
 

@@ -2,9 +2,10 @@
 
 Every test gets the marker of its tier, by file: ``capi`` (the C API and ggml kernels through cffi),
 ``bindings`` (model, context, MTP session), ``generation`` (the driver, exactness against references),
-``server`` (the HTTP server on loopback), ``tools`` (CLI, benchmark, examples, build); and ``native`` when it
-needs the compiled extension, i.e. every tier but ``pure`` (pure-Python modules: import graph, parameters,
-sampling maths, the patch series). ``pytest -m "not native"`` runs without a build (files that need it are
+``server`` (the HTTP server on loopback), ``tools`` (CLI, benchmark, examples, build), ``wheel`` (the portable
+wheel from ``make wheel``, installed in a venv of its own; skipped without one); and ``native`` when it
+needs compiled code, i.e. every tier but ``pure`` (pure-Python modules: import graph, parameters,
+sampling maths, the patch series, the backend-loading rule). ``pytest -m "not native"`` runs without a build (files that need it are
 then not even collected); ``pytest -m server`` runs one tier.
 """
 
@@ -18,7 +19,7 @@ import pytest
 from fixture_paths import BUNDLED, fixture_path
 
 TIERS: dict[str, tuple[str, ...]] = {
-    "pure": ("test_import_graph.py", "test_params.py", "test_patch_series.py", "test_sampling.py"),
+    "pure": ("test_import_graph.py", "test_params.py", "test_patch_series.py", "test_sampling.py", "test_backends.py"),
     "capi": ("test_c_api.py", "test_c_api_stateful.py", "test_struct_layout.py", "test_native_errors.py",
              "test_matmul_few_columns.py", "test_vector_tanh.py", "test_malformed_files.py", "test_shared_cpu.py",
              "test_threads.py"),
@@ -27,7 +28,9 @@ TIERS: dict[str, tuple[str, ...]] = {
     "generation": ("test_generate.py", "test_speculative.py", "test_logprobs.py", "test_hf_reference.py",
                    "test_upstream_parity.py", "test_soak.py", "test_scale_pair.py", "test_structured_output.py"),
     "tools": ("test_cli.py", "test_front_door.py", "test_examples.py", "test_bench_smoke.py", "test_build.py",
-              "test_placement_flags.py"),
+              "test_placement_flags.py", "test_sdist.py"),
+    # the portable wheel in its own venv: needs a wheel in dist/ (`make wheel`), not this checkout's build
+    "wheel": ("test_wheel.py",),
 }
 TIER_OF = {name: tier for tier, names in TIERS.items() for name in names}
 
@@ -45,15 +48,16 @@ def _extension_built() -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for tier in ("pure", "capi", "bindings", "generation", "server", "tools"):
+    for tier in ("pure", "capi", "bindings", "generation", "server", "tools", "wheel"):
         config.addinivalue_line("markers", f"{tier}: the {tier} tier (see tests/conftest.py)")
     config.addinivalue_line("markers", "native: needs the compiled extension (every tier but pure)")
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """Without a build only the pure tier can even be imported: skip collecting the rest."""
+    """Without a build only the pure tier can even be imported: skip collecting the rest (but the
+    wheel tier, which runs the wheel's own build in a venv of its own)."""
     if collection_path.suffix == ".py" and collection_path.name.startswith("test_") \
-            and tier_of(collection_path) != "pure" and not _extension_built():
+            and tier_of(collection_path) not in ("pure", "wheel") and not _extension_built():
         return True
     return None
 

@@ -20,7 +20,7 @@ ROOT = "mtp_bindings"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("pure", ("exceptions", "limits", "params", "presets", "threads", "env", "models", "chat_reply", "template_env",
               "gemma4_template")),
-    ("native", ("_ffi", "_native", "low_level", "_handle", "devices", "mtp_status")),
+    ("native", ("_ffi", "_native", "_backends", "low_level", "_handle", "devices", "mtp_status")),
     ("core", ("context", "model")),
     ("mtp", ("mtp", "chat_template")),
     ("generation", ("generation",)),
@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 
 # Modules that must import without the compiled extension (the fast test tier).
 PURE_MODULES = ("params", "limits", "presets", "env", "exceptions", "chat_reply", "template_env", "gemma4_template",
+                "_backends",
                 "generation.sampling",
                 "generation.rejection", "generation.stats", "generation.results", "generation.text",
                 "generation.trace")
