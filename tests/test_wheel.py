@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 import zipfile
 from pathlib import Path
 
@@ -248,3 +250,32 @@ def test_variant_this_cpu_cannot_run_is_a_typed_error(venv: Venv, scores: dict[s
                    MTP_BINDINGS_CPU_VARIANT=unrunnable[-1])
     assert out.returncode != 0
     assert "CPUVariantError" in out.stderr and "this CPU cannot run" in out.stderr
+
+
+# --- rpc-server ---------------------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_bundled_rpc_server_finds_its_backends_and_listens(venv: Venv):
+    # rpc-server registers ggml's backends itself; in the wheel they are modules in lib/, beside libllama
+    port = _free_port()
+    proc = subprocess.Popen([str(venv.root / "bin" / "mtp-bindings"), "rpc-server", "-p", str(port)], cwd=venv.workdir,
+                            env=venv.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        listening = False
+        while time.monotonic() < deadline and proc.poll() is None and not listening:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                listening = True
+            except OSError:
+                time.sleep(0.5)
+        alive = proc.poll() is None
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=30)
+    assert alive and listening, (out + err)[-2000:]

