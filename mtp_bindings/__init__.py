@@ -32,6 +32,7 @@ from .exceptions import (
     MTPBusyError,
     MTPError,
     NoAssistantError,
+    RPCServerError,
     TokenizeError,
 )
 
@@ -67,4 +68,5 @@ __all__ = [
     "MTPBindingsError", "InvalidParameterError", "ModelLoadError", "ModelFileNotFoundError",
     "AssistantLoadError", "AssistantFileNotFoundError", "ContextError", "TokenizeError", "DecodeError",
     "ContextOverflowError", "MTPError", "MTPBusyError", "NoAssistantError", "GenerationCancelled",
+    "RPCServerError",
 ]

@@ -32,8 +32,10 @@ class Model(LlamaModel):
     ``path`` is the target GGUF; ``assistant`` an optional MTP assistant GGUF to attach (see
     :meth:`attach_assistant`), its layers placed like the target's unless ``n_gpu_layers_draft``
     / ``devices_draft`` say otherwise (llama.cpp's ``-ngld`` / ``-devd``); the other keyword
-    arguments (``n_gpu_layers``, ``devices``, ``use_mmap``, ``vocab_only``, ``repack``, ``progress``,
-    ``verbose``) are :class:`~mtp_bindings.model.LlamaModel`'s.
+    arguments (``n_gpu_layers``, ``devices``, ``rpc_servers``, ``use_mmap``, ``vocab_only``, ``repack``,
+    ``progress``, ``verbose``) are :class:`~mtp_bindings.model.LlamaModel`'s. With ``rpc_servers``
+    (other machines' ``rpc-server`` workers, llama.cpp's ``--rpc``) ``n_gpu_layers`` splits the layers
+    across their devices, and the assistant follows.
     """
 
     context_type = MTPContext

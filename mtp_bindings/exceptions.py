@@ -24,6 +24,11 @@ class ModelFileNotFoundError(ModelLoadError, FileNotFoundError):
     """The model path does not exist or is not a file."""
 
 
+class RPCServerError(ModelLoadError, ConnectionError):
+    """An RPC server (``rpc_servers``, the command line's ``--rpc``) could not be reached in time,
+    did not answer as a ggml ``rpc-server`` of this build's protocol, or offers no device."""
+
+
 class AssistantLoadError(ModelLoadError):
     """An MTP assistant GGUF could not be attached to a target model."""
 

@@ -22,7 +22,7 @@ from . import _native
 from ._handle import NativeHandle
 from ._native import ffi, lib
 from .context import Context
-from .devices import device_array
+from .devices import add_rpc_servers, parse_rpc_servers, placement_array
 from .exceptions import (
     AssistantFileNotFoundError,
     AssistantLoadError,
@@ -127,6 +127,10 @@ class LlamaModel(NativeHandle):
         n_gpu_layers: layers to offload to a GPU backend (-1 = all); CPU builds ignore it.
         devices: the devices to offload to (llama.cpp's ``--device``: names, ``"CUDA0,CUDA1"``,
             or ``"none"``; default all), see :mod:`mtp_bindings.devices`.
+        rpc_servers: ggml ``rpc-server`` workers whose devices join the device list (llama.cpp's
+            ``--rpc``: ``"host1:50052,host2:50052"`` or a list), first, so that ``n_gpu_layers`` splits
+            the layers across them; see :func:`mtp_bindings.devices.add_rpc_servers` (an unreachable one is
+            an :class:`~mtp_bindings.exceptions.RPCServerError`). An attached assistant follows them.
         use_mmap: map the file instead of reading it.
         repack: let llama.cpp put weights in its repacked CPU layouts (AMX where the CPU has it), its
             default; False is llama-server's ``--no-repack``. An attached assistant follows it.
@@ -147,6 +151,7 @@ class LlamaModel(NativeHandle):
         *,
         n_gpu_layers: int = 0,
         devices: str | Sequence[str] | None = None,
+        rpc_servers: str | Sequence[str] | None = None,
         use_mmap: bool = True,
         vocab_only: bool = False,
         repack: bool = True,
@@ -167,12 +172,18 @@ class LlamaModel(NativeHandle):
         self.n_gpu_layers = n_gpu_layers
         self.devices = devices
         self.repack = bool(repack)
+        # the RPC servers' devices join this model's device list (and its assistant's), only this one's
+        self.rpc_servers: tuple[str, ...] = ()
+        self.rpc_devices: tuple[str, ...] = ()
+        if rpc_servers is not None:
+            self.rpc_servers = tuple(parse_rpc_servers(rpc_servers))
+            self.rpc_devices = tuple(add_rpc_servers(self.rpc_servers))
 
         params = self._model_params(n_gpu_layers, use_mmap, vocab_only)
         # llama.cpp's extra weight buffer types (repacked CPU layouts, AMX where the CPU has it):
         # on by default, off is llama-server's --no-repack
         params.use_extra_bufts = self.repack
-        self._device_array = None if devices is None else device_array(devices)
+        self._device_array = placement_array(devices, self.rpc_devices)
         if self._device_array is not None:
             params.devices = self._device_array
         callback = _tqdm_progress(f"loading {self.path.name}") if progress is True else progress

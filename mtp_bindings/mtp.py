@@ -27,7 +27,7 @@ import numpy as np
 from . import _native
 from ._native import ffi, lib
 from .context import Context
-from .devices import device_array
+from .devices import placement_array
 from .exceptions import AssistantLoadError, InvalidParameterError, MTPBusyError, MTPError, NoAssistantError
 from .model import LlamaModel
 from .mtp_status import MTP_ERR_BUSY, MTP_ERR_NO_ASSISTANT, status_text
@@ -39,8 +39,8 @@ MTP_N_STEPS_MAX = DRAFT_N_MAX  # LLAMA_MTP_MAX_STEPS
 def attach_assistant(model: LlamaModel, path: Any, n_gpu_layers: int | None = None,
                      devices: str | Sequence[str] | None = None) -> None:
     """Attach the assistant GGUF at ``path`` to ``model`` (see :meth:`mtp_bindings.Model.attach_assistant`).
-    Its layers go where the target's went (``model.n_gpu_layers``, ``model.devices``) unless
-    ``n_gpu_layers`` / ``devices`` say otherwise."""
+    Its layers go where the target's went (``model.n_gpu_layers``, ``model.devices``, the target's RPC
+    servers' devices) unless ``n_gpu_layers`` / ``devices`` say otherwise."""
     n_gpu_layers = model.n_gpu_layers if n_gpu_layers is None else n_gpu_layers
     if not isinstance(n_gpu_layers, int) or isinstance(n_gpu_layers, bool):
         raise InvalidParameterError(f"n_gpu_layers_draft must be an int, got {n_gpu_layers!r}")
@@ -48,7 +48,7 @@ def attach_assistant(model: LlamaModel, path: Any, n_gpu_layers: int | None = No
     params = lib.llama_model_default_params()
     params.n_gpu_layers = n_gpu_layers
     params.use_extra_bufts = model.repack  # the target's weight layout choice
-    keep = None if devices is None else device_array(devices)
+    keep = placement_array(devices, model.rpc_devices)
     if keep is not None:
         params.devices = keep
     _native.clear_errors()

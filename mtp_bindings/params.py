@@ -27,6 +27,14 @@ N_CTX_MAX = 1 << 24
 N_SEQ_MAX = 256
 LOGPROBS_MAX = 20  # alternatives per token a generation may report (OpenAI's top_logprobs bound)
 
+# Registering an RPC server (``rpc_servers=``, ``--rpc``) waits at most this long, seconds, for it to
+# resolve, accept the connection and answer the protocol's hello: a worker that is down, busy with
+# another client (an rpc-server serves one at a time) or not an rpc-server is then an error, not a hang.
+RPC_TIMEOUT_S = 5.0
+# ggml's rpc-server binds 127.0.0.1:50052 unless told (-H, -p): `mtp-bindings rpc-server` says so.
+RPC_SERVER_HOST = "127.0.0.1"
+RPC_SERVER_PORT = 50052
+
 # Types a KV cache may hold (our names -> ggml's enum names) and flash-attention modes.
 KV_TYPES = {
     "f32": "GGML_TYPE_F32", "f16": "GGML_TYPE_F16", "bf16": "GGML_TYPE_BF16",

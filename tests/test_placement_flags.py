@@ -33,7 +33,7 @@ def test_placement_flags_reach_the_load_arguments(command: str) -> None:
     from mtp_bindings.cli.session import load_kwargs
 
     args = _parse(command, *FLAGS)
-    assert load_kwargs(args) == dict(n_gpu_layers=99, devices="none", use_mmap=True, verbose=False)
+    assert load_kwargs(args) == dict(n_gpu_layers=99, devices="none", rpc_servers=None, use_mmap=True, verbose=False)
     assert (args.n_gpu_layers_draft, args.device_draft) == (3, "none")
 
 

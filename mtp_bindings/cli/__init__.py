@@ -1,4 +1,4 @@
-"""The ``mtp-bindings`` command line: demo, generate, chat, serve, bench, convert,
+"""The ``mtp-bindings`` command line: demo, generate, chat, serve, rpc-server, bench, convert,
 verify-assistant, info, relayout.
 
 Flags follow llama.cpp's where they overlap (``-m``, ``--mtp-head``/``-md``,
@@ -10,7 +10,7 @@ and exit status 2.
 This package: :func:`main` (here) parses and dispatches; :mod:`.parser` builds the parser from
 :mod:`.args` (shared flag groups) and :mod:`.flags` (llama.cpp's flag rules, the error
 convention); the commands are in :mod:`.generate` (generate, chat), :mod:`.demo` and
-:mod:`.tools` (serve, bench, info, convert, ...), loading in :mod:`.session`, Ctrl-C in
+:mod:`.tools` (serve, bench, info, convert, ...), :mod:`.rpc_server`, loading in :mod:`.session`, Ctrl-C in
 :mod:`.interrupt`.
 """
 

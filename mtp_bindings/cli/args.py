@@ -61,6 +61,10 @@ def add_model_args(p: argparse.ArgumentParser, *, no_mtp: bool = True) -> None:
                         "default: all)")
     p.add_argument("-devd", "--device-draft", default=None,
                    help="devices for the MTP assistant (default: as --device)")
+    p.add_argument("--rpc", metavar="SERVERS", default=None,
+                   help="comma-separated list of RPC servers (host:port), workers started with `mtp-bindings "
+                        "rpc-server`: their devices come first in the device list and -ngl splits the layers "
+                        "across them (the MTP assistant follows the target)")
     p.add_argument("--no-mmap", action="store_true", help="read the model into memory instead of mapping it")
     p.add_argument("-ctk", "--cache-type-k", default=CONTEXT_DEFAULTS.type_k,
                    help=f"KV cache type of K: f16, q8_0, ... (default {CONTEXT_DEFAULTS.type_k})")

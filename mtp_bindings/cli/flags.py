@@ -56,12 +56,16 @@ class SubcommandParser(Parser):
 
     ``arguments``, if given, adds the subcommand's arguments when the subcommand is first used
     (parsed, or its help or usage shown) rather than when the command line is built: a command
-    whose arguments live in a heavy module (the benchmark's) costs nothing to the others."""
+    whose arguments live in a heavy module (the benchmark's) costs nothing to the others.
+
+    ``passthrough``, if given, is the attribute that receives every argument it does not define,
+    in order and unread, for a command that hands them to a program of its own (``rpc-server``)."""
 
     def __init__(self, *args: Any, arguments: Callable[[argparse.ArgumentParser], None] | None = None,
-                 **kwargs: Any) -> None:
+                 passthrough: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._arguments = arguments
+        self._passthrough = passthrough
 
     def _add_lazy_arguments(self) -> None:
         if self._arguments is not None:
@@ -80,6 +84,9 @@ class SubcommandParser(Parser):
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
         self._add_lazy_arguments()
         ns, extras = super().parse_known_args(args, namespace)
+        if self._passthrough is not None:
+            setattr(ns, self._passthrough, extras)
+            return ns, []
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return ns, extras
@@ -176,6 +183,7 @@ PARAM_DEST = {
     "skip_streak": "skip_streak", "type_k": "cache_type_k", "type_v": "cache_type_v", "flash_attn": "flash_attn",
     "n_slots": "parallel", "n_predict": "n_predict", "port": "port", "n_gpu_layers": "n_gpu_layers",
     "n_gpu_layers_draft": "n_gpu_layers_draft", "n_threads_batch": "threads_batch", "devices": "device",
+    "rpc_servers": "rpc",
 }
 
 

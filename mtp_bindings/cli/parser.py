@@ -14,11 +14,12 @@ from pathlib import Path
 
 from .. import __version__
 from ..limits import SERVER_N_PREDICT, UNTIL_FULL
-from ..params import DraftParams
+from ..params import RPC_SERVER_HOST, RPC_SERVER_PORT, DraftParams
 from .args import add_drafting_args, add_model_args, add_sampling_args
 from .demo import DEMO_DRAFT_N_MAX, DEMO_N_PREDICT, DEMO_PAIRS, DEMO_PROMPT, cmd_demo
 from .flags import PROG, Parser, SubcommandParser, refuse, refuse_unsupported
 from .generate import cmd_chat, cmd_generate
+from .rpc_server import cmd_rpc_server
 from .tools import cmd_bench, cmd_convert, cmd_info, cmd_relayout, cmd_serve, cmd_verify_assistant
 
 DESCRIPTION = ("Gemma 4 MTP (multi-token prediction) speculative decoding on a patched llama.cpp: generate, "
@@ -108,6 +109,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "cache_prompt overrides)")
     add_drafting_args(p)
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("rpc-server", help="run ggml's rpc-server: a worker whose devices clients use with --rpc",
+                       description="Run the bundled ggml rpc-server, a worker of a multi-machine setup: clients "
+                                   "(generate, chat, serve) add it with --rpc HOST:PORT and put layers on it with "
+                                   f"-ngl. Every flag is rpc-server's own: -H HOST (default {RPC_SERVER_HOST}), -p "
+                                   f"PORT (default {RPC_SERVER_PORT}), -t THREADS, -d DEVICES, -c (cache tensors "
+                                   "locally); -h shows its help. It has no authentication: never expose it to an "
+                                   "untrusted network.",
+                       add_help=False, passthrough="rpc_args")
+    p.set_defaults(func=cmd_rpc_server)
 
     p = sub.add_parser("bench", help="benchmark against upstream llama.cpp (markdown, JSON and plots)",
                        description="MTP vs plain decoding, ours vs upstream llama-server, and the cost structure "

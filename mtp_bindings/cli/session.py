@@ -56,9 +56,10 @@ def _load_progress(target: Path, interrupt: Interrupt) -> Any:
 
 
 def load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The target's load arguments from the model flags (``-ngl``, ``--device``, ``--no-mmap``, ``-v``);
-    the assistant's placement (``-ngld``, ``-devd``) follows them unless given."""
-    return dict(n_gpu_layers=args.n_gpu_layers, devices=args.device, use_mmap=not args.no_mmap, verbose=args.verbose)
+    """The target's load arguments from the model flags (``-ngl``, ``--device``, ``--rpc``, ``--no-mmap``,
+    ``-v``); the assistant's placement (``-ngld``, ``-devd``) follows them unless given."""
+    return dict(n_gpu_layers=args.n_gpu_layers, devices=args.device, rpc_servers=args.rpc, use_mmap=not args.no_mmap,
+                verbose=args.verbose)
 
 
 def context_kwargs(args: argparse.Namespace, model: Any) -> dict[str, Any]:
@@ -74,6 +75,10 @@ def load(args: argparse.Namespace, interrupt: Interrupt) -> Any:
     from .. import Model
 
     target, assistant, named, note = model_files(args)
+    if args.rpc and args.n_gpu_layers == 0:
+        # as in llama.cpp, --rpc only adds devices; -ngl is what puts layers on them
+        print(f"{PROG}: note: --rpc without -ngl: no layers go to the RPC servers (-ngl 99 puts them all there)",
+              file=sys.stderr)
     with interrupt.deferred(second_raises=False):
         try:
             model = Model(target, **load_kwargs(args), progress=_load_progress(target, interrupt))
