@@ -139,7 +139,7 @@ def test_an_injected_drafting_failure_is_an_mtp_error_in_python(monkeypatch, poi
             m.create_context(n_ctx=128, embeddings=True) as ctx:
         ctx.decode(PROMPT0, pos=0)
         token = int(np.argmax(ctx.get_logits(-1)))
-        with pytest.raises(MTPError, match="compute|drafting"):
+        with pytest.raises(MTPError, match="MTP graph computation failed"):
             ctx.decode_mtp(attn_pos=len(PROMPT0) - 1, last_token=token, h_prev=ctx.get_embeddings(-1),
                            n_steps=N_STEPS)
         ctx.decode([token])  # still usable
