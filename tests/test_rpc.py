@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from test_server import _free_port, _mtp_available, _serve_command
+from test_server import _free_port, _mtp_available, _serve_command, running_server
 
 PROMPT = "import os\nimport sys\n\n\ndef parse_args(argv):\n"
 N_TOKENS = 32
@@ -246,6 +246,17 @@ def test_generate_with_rpc_flag_reaches_the_model(tmp_path: Path, trained_paths:
     result = json.loads(out.stdout)
     assert result["tokens"] == local_runs[False]["mtp"].tokens
     assert result["stats"]["n_drafted"] > 0
+
+
+def test_serve_with_rpc_flag_answers(tmp_path: Path, trained_paths: tuple[Path, Path],
+                                    local_runs: dict[bool, dict[str, Any]]) -> None:
+    """``mtp-bindings serve --rpc HOST:PORT -ngl 99`` answers an OpenAI client, its model on the worker."""
+    with rpc_workers(1, tmp_path) as (endpoint,):
+        with running_server(["-c", "512", "--rpc", endpoint, "-ngl", "99"], tmp_path) as server:
+            reply = server.openai().completions.create(model="any", prompt=PROMPT, max_tokens=8, temperature=0)
+        log = next(tmp_path.glob("rpc-server-*.log")).read_text(errors="replace")
+    assert reply.usage.completion_tokens == 8 and reply.choices[0].text
+    assert "Accepted client connection" in log
 
 
 def test_generate_names_the_flag_of_a_malformed_endpoint() -> None:
