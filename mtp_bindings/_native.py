@@ -17,7 +17,8 @@ import threading
 from collections import deque
 from typing import Any, Callable, NoReturn
 
-from . import threads
+from . import _backends, threads
+from .env import env_cpu_variant
 
 # Loading the module loads libllama, ggml and libgomp: libgomp reads its waiting policy now or never.
 with threads.openmp_defaults():
@@ -119,16 +120,29 @@ def raise_native(exc: Callable[..., Exception], message: str, *args: Any, fallba
 
 
 def ensure_initialised() -> None:
-    """Install the log callback and initialise the llama backend (once per process)."""
+    """Install the log callback, register the build's ggml backends and initialise the llama backend
+    (once per process).
+
+    Backends come from the package's ``lib/`` only (see :mod:`._backends`): in a portable build the
+    best CPU variant for this CPU, or the one ``MTP_BINDINGS_CPU_VARIANT`` names
+    (:class:`~.exceptions.CPUVariantError` when the build lacks it or this CPU cannot run it).
+    """
     global _initialised
     with _state_lock:
         if _initialised:
             return
         lib.llama_log_set(lib._mtp_log_callback, ffi.NULL)
-        lib.ggml_backend_load_all()
+        _backends.load_backends(lib, ffi, forced=env_cpu_variant())
         lib.llama_backend_init()
         _initialised = True
         atexit.register(_shutdown)
+
+
+def cpu_variant() -> str | None:
+    """The CPU variant this process runs (``"haswell"``, ...) in a portable build (a wheel); None in
+    a native build, whose one CPU backend was compiled for the machine that built it."""
+    ensure_initialised()
+    return _backends.cpu_variant_in_use(lib, ffi)
 
 
 def _shutdown() -> None:
@@ -136,5 +150,5 @@ def _shutdown() -> None:
     lib.llama_log_set(ffi.addressof(lib, "mtp_log_silent"), ffi.NULL)
 
 
-__all__ = ["ffi", "lib", "ensure_initialised", "set_verbose", "pop_recent_errors", "clear_errors", "raise_native",
-           "logger", "NATIVE_VERSION"]
+__all__ = ["ffi", "lib", "ensure_initialised", "cpu_variant", "set_verbose", "pop_recent_errors", "clear_errors",
+           "raise_native", "logger", "NATIVE_VERSION"]

@@ -6,14 +6,15 @@ No argument checking, no ownership tracking: a wrong pointer here crashes the pr
 :class:`mtp_bindings.Model` / :class:`mtp_bindings.Context`; reach for this layer when you need a
 function they do not wrap. ``model.ptr`` and ``context.ptr`` give the native handles.
 
-``cdef`` is the exact declaration text the module was compiled from.
+``cdef`` is the exact declaration text the module was compiled from. ``cpu_variant()`` names the
+CPU variant a portable build (a wheel) runs (None in a native build).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ._native import ensure_initialised, ffi, lib
+from ._native import cpu_variant, ensure_initialised, ffi, lib
 
 _CDEF_FILE = Path(__file__).parent / "include" / "_ffi_cdef.h"
 
@@ -33,4 +34,4 @@ def library_dir() -> Path:
     return Path(__file__).parent / "lib"
 
 
-__all__ = ["ffi", "lib", "ensure_initialised", "cdef", "include_dir", "library_dir"]
+__all__ = ["ffi", "lib", "ensure_initialised", "cpu_variant", "cdef", "include_dir", "library_dir"]

@@ -3,12 +3,13 @@ declarations are exactly those of the patched llama.h the library was built from
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import mtp_bindings
-from mtp_bindings import low_level
+from mtp_bindings import _backends, low_level
 
 PKG = Path(mtp_bindings.__file__).parent
 
@@ -20,7 +21,38 @@ def test_cffi_module_loads_and_exposes_the_c_api():
 
 def test_native_libraries_are_inside_the_package():
     names = {p.name.split(".so")[0] for p in low_level.library_dir().glob("*.so*")}
-    assert {"libllama", "libggml", "libggml-base", "libggml-cpu"} <= names
+    assert {"libllama", "libggml", "libggml-base"} <= names
+    # the CPU backend: linked in (a native build) or one module per x86-64 level (a portable build)
+    assert "libggml-cpu" in names or any(n.startswith("libggml-cpu-") for n in names)
+
+
+def test_loading_registers_one_cpu_backend_and_one_cpu_device():
+    # the package's lib/ is searched for backend modules even in a native build, whose backends are
+    # linked in: nothing may be registered twice
+    low_level.ensure_initialised()
+    lib, ffi = low_level.lib, low_level.ffi
+    regs = [ffi.string(lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i))).decode()
+            for i in range(lib.ggml_backend_reg_count())]
+    cpu_devices = [i for i in range(lib.ggml_backend_dev_count())
+                   if lib.ggml_backend_dev_type(lib.ggml_backend_dev_get(i)) == lib.GGML_BACKEND_DEVICE_TYPE_CPU]
+    assert regs.count("CPU") == 1 and len(regs) == len(set(regs)), regs
+    assert len(cpu_devices) == 1
+
+
+def test_cpu_variant_is_named_in_a_portable_build_and_none_in_a_native_one():
+    variants = _backends.variant_modules(low_level.library_dir())
+    got = low_level.cpu_variant()
+    assert (got in variants) if variants else (got is None)
+
+
+def test_forcing_a_cpu_variant_the_build_lacks_is_a_typed_error(tmp_path):
+    code = "from mtp_bindings import low_level; low_level.ensure_initialised()"
+    env = {"PATH": "/usr/bin:/bin", "MTP_BINDINGS_CPU_VARIANT": "pentium2"}
+    if "PYTHONPATH" in os.environ:  # the package under test, wherever the suite imports it from
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "CPUVariantError" in out.stderr
 
 
 def test_no_ld_library_path_is_needed(tmp_path):

@@ -21,6 +21,7 @@ from .flags import PROG, Parser, SubcommandParser, refuse, refuse_unsupported
 from .generate import cmd_chat, cmd_generate
 from .rpc_server import cmd_rpc_server
 from .tools import cmd_bench, cmd_convert, cmd_info, cmd_relayout, cmd_serve, cmd_verify_assistant
+from .version import VersionAction
 
 DESCRIPTION = ("Gemma 4 MTP (multi-token prediction) speculative decoding on a patched llama.cpp: generate, "
                "chat, serve an OpenAI-compatible API, benchmark, and inspect or convert GGUF files. Without -m "
@@ -30,8 +31,8 @@ LLAMA_CPP = "ggml-org/llama.cpp@0c1e57098"  # the pinned upstream commit (see pa
 
 def build_parser() -> argparse.ArgumentParser:
     ap = Parser(prog=PROG, description=DESCRIPTION)
-    ap.add_argument("--version", action="version", version=f"{PROG} {__version__} (llama.cpp {LLAMA_CPP})",
-                    help="print the version and exit")
+    ap.add_argument("--version", action=VersionAction, version=f"{PROG} {__version__} (llama.cpp {LLAMA_CPP})",
+                    help="print the version (and the CPU backend in use) and exit")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=SubcommandParser)
 
     p = sub.add_parser("demo", help="generate with an E2B-sized pair, with and without MTP, side by side",
