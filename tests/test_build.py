@@ -26,6 +26,24 @@ def test_native_libraries_are_inside_the_package():
     assert "libggml-cpu" in names or any(n.startswith("libggml-cpu-") for n in names)
 
 
+def _dynamic_symbols(path: Path, which: str) -> set[str]:
+    out = subprocess.run(["nm", "-D", which, str(path)], capture_output=True, text=True, check=True).stdout
+    return {line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip()}
+
+
+def test_cffi_module_needs_no_function_of_a_cpu_backend():
+    # a portable build (the wheels) links no CPU backend: ggml-cpu's functions exist only in the
+    # libggml-cpu-<variant>.so modules ggml loads later, so the module may call only libllama, libggml
+    # and libggml-base, or its import fails with "undefined symbol"
+    ffi_module = next(PKG.glob("_ffi*.so"))
+    lib_dir = low_level.library_dir()
+    provided: set[str] = set()
+    for name in ("libllama.so", "libggml.so", "libggml-base.so"):
+        provided |= _dynamic_symbols(lib_dir / name, "--defined-only")
+    needed = {s for s in _dynamic_symbols(ffi_module, "--undefined-only") if s.startswith(("ggml_", "gguf_", "llama_"))}
+    assert needed - provided == set()
+
+
 def test_loading_registers_one_cpu_backend_and_one_cpu_device():
     # the package's lib/ is searched for backend modules even in a native build, whose backends are
     # linked in: nothing may be registered twice
