@@ -44,7 +44,6 @@ GGML_FUNCTIONS = {
     "ggml_backend_dev_type",
     "ggml_time_us",
     "ggml_type_name",
-    "ggml_cpu_has_avx2",
 }
 
 # Types pycparser must know to parse; cffi knows them natively, so they are not emitted.
