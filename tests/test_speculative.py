@@ -9,7 +9,7 @@ import json
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from fixture_paths import PAIRS, fixture_path
@@ -72,6 +72,8 @@ def trained(trained_paths):
 def test_greedy_mtp_equals_plain_greedy(pair, prompt, draft_n_max, depth2):
     name, model, ctx = pair
     plain = model.generate(prompt, max_tokens=40, draft_n_max=0, context=ctx)
+    # a prompt whose greedy continuation ends at once leaves nothing to draft (e.g. " )a)c::=(e==" on ple)
+    assume(len(plain.tokens) > 1)
     spec = model.generate(prompt, max_tokens=40, draft_n_max=draft_n_max, depth2=depth2, context=ctx)
     assert spec.stats.n_drafted > 0
     assert_same_greedy(model, ctx, prompt, plain, spec, name)
