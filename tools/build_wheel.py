@@ -119,7 +119,7 @@ def stage_report(wheel: Path) -> None:
     say("auditwheel show:")
     run([*_auditwheel(), "show", str(wheel)])
     with zipfile.ZipFile(wheel) as zf:
-        infos = zf.infolist()
+        infos = [i for i in zf.infolist() if not i.is_dir()]
     variants = sorted((m.group(1), i.file_size) for i in infos if (m := VARIANT_MODULE.search(i.filename)))
     programs = sorted((i.filename, i.file_size, i.compress_size) for i in infos if "/bin/" in i.filename)
     grafted = sorted((i.filename, i.file_size) for i in infos if ".libs/" in i.filename)
