@@ -78,21 +78,32 @@ BAD_ARGS = {
 }
 
 
+# An empty, NULL-terminated device list: the CPU only. llama.cpp's default (NULL) offloads to every registered
+# device, and RPC devices stay registered for the process once added (tests/test_rpc.py adds some and stops
+# their servers), so a default load later in the session would try servers that are gone.
+NO_DEVICES = ffi.new("ggml_backend_dev_t[1]")
+
+
+def cpu_model_params():
+    """``llama_model_params`` that keep every layer on the CPU, whatever devices are registered."""
+    mp = lib.llama_model_default_params()
+    mp.devices = NO_DEVICES
+    return mp
+
+
 class Native:
     """Thin cffi calls on one model and one context (no checking: the machine checks)."""
 
     def __init__(self):
         ensure_initialised()
-        mp = lib.llama_model_default_params()
-        self.model = lib.llama_model_load_from_file(str(TARGET).encode(), mp)
+        self.model = lib.llama_model_load_from_file(str(TARGET).encode(), cpu_model_params())
         assert self.model != ffi.NULL
         self.n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.model))
         self.n_embd = lib.llama_model_n_embd(self.model)
         self.ctx = ffi.NULL
 
     def attach(self) -> int:
-        return lib.llama_model_load_mtp_from_file(self.model, str(ASSISTANT).encode(),
-                                                  lib.llama_model_default_params())
+        return lib.llama_model_load_mtp_from_file(self.model, str(ASSISTANT).encode(), cpu_model_params())
 
     def create_context(self, swa_full: bool) -> None:
         cp = lib.llama_context_default_params()

@@ -13,14 +13,14 @@ from hypothesis import strategies as st
 from fixture_paths import PAIRS, fixture_path
 from mtp_bindings import Model
 from mtp_bindings.low_level import ffi, lib
+from test_c_api_stateful import cpu_model_params
 
 
 class UpstreamDrafter:
     """Upstream's second-context drafter for one target context."""
 
     def __init__(self, assistant_path: str, target_ctx) -> None:
-        params = lib.llama_model_default_params()
-        self.model = lib.llama_model_load_from_file(assistant_path.encode(), params)
+        self.model = lib.llama_model_load_from_file(assistant_path.encode(), cpu_model_params())
         assert self.model != ffi.NULL
         cp = lib.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = target_ctx.n_ctx, 8, 8
