@@ -34,9 +34,10 @@ CACHE = ROOT / "build" / "wheel-test"
 # every x86-64 variant ggml builds with GGML_CPU_ALL_VARIANTS (ggml/src/CMakeLists.txt)
 VARIANTS = ("x64", "sse42", "sandybridge", "ivybridge", "piledriver", "haswell", "skylakex", "cannonlake",
             "cascadelake", "icelake", "cooperlake", "zen4", "alderlake", "sapphirerapids")
-# the tests of the generated fixtures (tools/make_fixtures.py): our outputs against the Hugging Face
-# references stored with them
-FIXTURE_TESTS = ("tests/test_hf_reference.py",)
+# the tests of the generated fixtures: our outputs against the Hugging Face references that
+# tools/make_fixtures.py stored with them, and the scaled pair generated from the bundled one (with the
+# wheel's own gguf-py and quantizer)
+FIXTURE_TESTS = ("tests/test_hf_reference.py", "tests/test_scale_pair.py")
 COMPILERS = ("cc", "gcc", "c++", "g++", "clang", "clang++", "cmake", "ninja", "make")
 PROMPT = "def fibonacci(n):\n"
 N_TOKENS = 48
