@@ -5,14 +5,14 @@
 #  2. the stateful property test of the C API (tests/test_c_api_stateful.py, its larger profile), through
 #     the installed package's cffi module with the sanitized libraries put in front of the bundled ones.
 #
-#   tools/sanitize.sh                    # uses build/sanitize (persistent), prints each test's summary
+#   tools/sanitize.sh                    # uses build/sanitize-address-undefined (persistent), prints each summary
 #   MTP_SANITIZE=thread tools/sanitize.sh  # ThreadSanitizer instead (-fsanitize=thread)
 #
 # Needs the patched source in vendor/llama.cpp (any `pip install .` has put it there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SAN=${MTP_SANITIZE:-address,undefined}
-BUILD=build/sanitize
+BUILD=build/sanitize-${SAN//,/-}  # one persistent build per sanitizer set
 python3 build_support/llama_source.py --dest vendor/llama.cpp --patches patches
 cmake -S vendor/llama.cpp -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_SHARED_LIBS=ON \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
