@@ -259,6 +259,30 @@ def test_serve_with_rpc_flag_answers(tmp_path: Path, trained_paths: tuple[Path, 
     assert "Accepted client connection" in log
 
 
+@pytest.mark.xfail(strict=True, reason="issue 17: a centroid-head assistant on an RPC worker with a 1024-token "
+                   "context crashes the worker at a request's second drafting step (ggml-cpu ops.cpp "
+                   "GGML_ASSERT(i01 >= 0 && i01 < ne01), get_rows); -c 4096, one draft a round, a dense head or "
+                   "-ngld 0 work")
+def test_a_centroid_head_drafts_over_rpc(tmp_path: Path) -> None:
+    """The random centroid-head fixture drafting 3 tokens a round with every layer on a worker, in a
+    1024-token context: the local no-repack run's tokens (a command-line subprocess, so that a crash
+    fails this test only)."""
+    from mtp_bindings import Model
+
+    from fixture_paths import fixture_path
+
+    target, assistant = fixture_path("dense-target.gguf"), fixture_path("centroid-assistant.gguf")
+    with Model(target, assistant=assistant, repack=False) as model:
+        local = _generate(model, 3)
+    with rpc_workers(1, tmp_path) as (endpoint,):
+        out = subprocess.run(_serve_command() + ["generate", "-m", str(target), "-md", str(assistant), "-p", PROMPT,
+                                                 "-n", str(N_TOKENS), "--spec-draft-n-max", "3", "-t", "1", "-c", "1024",
+                                                 "--rpc", endpoint, "-ngl", "99", "--json"],
+                             capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout)["tokens"] == local.tokens
+
+
 def test_generate_names_the_flag_of_a_malformed_endpoint() -> None:
     out = subprocess.run(_serve_command() + ["generate", "--no-mtp", "-p", "x", "-n", "1", "--rpc", "nohostport"],
                          capture_output=True, text=True, timeout=120)
