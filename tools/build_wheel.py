@@ -7,7 +7,7 @@
   one picked at load time; see CMakeLists.txt) in its own build directory,
   ``build/portable-{wheel_tag}``, so the development build in ``build/{wheel_tag}`` is untouched.
   The raw wheel goes to ``build/wheel-raw/``. llama-server is never in it; rpc-server is, unless
-  ``--no-rpc-server``. About 40 minutes on 2 cores (14 builds of ggml-cpu).
+  ``--no-rpc-server``. About 20 minutes on 2 cores (14 builds of ggml-cpu).
 * ``repair``: ``auditwheel repair`` into ``dist/``: grafts the external libraries the native code
   needs (libgomp) into the wheel and tags it manylinux.
 * ``report``: ``auditwheel show``, the wheel's size, and the CPU variant modules and programs in it.
@@ -70,7 +70,7 @@ def stage_build(rpc_server: bool) -> Path:
     RAW_DIR.mkdir(parents=True)
     # pyproject reads MTP_BUILD_LLAMA_SERVER from the environment: a caller's ON must not leak in
     env = {**os.environ, "MTP_BUILD_LLAMA_SERVER": "OFF"}
-    say("building the portable wheel (every x86-64 CPU variant: ~40 min on 2 cores)")
+    say("building the portable wheel (every x86-64 CPU variant: ~20 min on 2 cores)")
     run(build_command(rpc_server), cwd=ROOT, env=env)
     return raw_wheel()
 
