@@ -58,5 +58,11 @@ def cmd_rpc_server(args: argparse.Namespace, interrupt: Interrupt) -> int:
               "(no authentication: keep it on a trusted network)", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
+    # rpc-server registers ggml's backends itself, looking beside its executable and in the working
+    # directory; a portable install (a wheel) has them as modules in lib/, beside libllama, so it
+    # starts there (it takes no relative path: its -c cache lives under ~/.cache)
+    lib_dir = exe.parent.parent / "lib"
+    if any(lib_dir.glob("libggml-cpu-*.so")):
+        os.chdir(lib_dir)
     os.execv(exe, [str(exe), *argv])
     return 0  # not reached: execv returns only by raising OSError
