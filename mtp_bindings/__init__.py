@@ -23,6 +23,7 @@ from .exceptions import (
     AssistantLoadError,
     ContextError,
     ContextOverflowError,
+    CPUVariantError,
     DecodeError,
     GenerationCancelled,
     InvalidParameterError,
@@ -68,5 +69,5 @@ __all__ = [
     "MTPBindingsError", "InvalidParameterError", "ModelLoadError", "ModelFileNotFoundError",
     "AssistantLoadError", "AssistantFileNotFoundError", "ContextError", "TokenizeError", "DecodeError",
     "ContextOverflowError", "MTPError", "MTPBusyError", "NoAssistantError", "GenerationCancelled",
-    "RPCServerError",
+    "RPCServerError", "CPUVariantError",
 ]
