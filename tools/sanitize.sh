@@ -7,6 +7,7 @@
 #
 #   tools/sanitize.sh                    # uses build/sanitize-address-undefined (persistent), prints each summary
 #   MTP_SANITIZE=thread tools/sanitize.sh  # ThreadSanitizer instead (-fsanitize=thread)
+#   MTP_C_API_STATEFUL=default tools/sanitize.sh  # the stateful test's shorter profile (the suite's)
 #
 # Needs the patched source in vendor/llama.cpp (any `pip install .` has put it there).
 set -euo pipefail
@@ -43,7 +44,7 @@ set +e
 LD_PRELOAD=$RUNTIME LD_LIBRARY_PATH="$PWD/$BUILD/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:halt_on_error=1 \
     TSAN_OPTIONS="halt_on_error=0:report_signal_unsafe=0:suppressions=$PWD/$BUILD/tsan.supp" \
-    MTP_C_API_STATEFUL=long pytest -q -p no:cacheprovider tests/test_c_api_stateful.py \
+    MTP_C_API_STATEFUL=${MTP_C_API_STATEFUL:-long} pytest -q -p no:cacheprovider tests/test_c_api_stateful.py \
     > "$BUILD/stateful.stdout" 2> "$BUILD/stateful.stderr"
 stateful=$?
 set -e
