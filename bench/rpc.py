@@ -35,6 +35,7 @@ from mtp_bindings.cli.rpc_server import rpc_server_path
 BUNDLED = Path(__file__).resolve().parent.parent / "mtp_bindings" / "models"
 RESULTS = Path(__file__).resolve().parent / "results" / "rpc.md"
 PROMPT = "import os\nimport sys\n\n\ndef parse_args(argv):\n"
+HEADER = "# Tokens/s over ggml RPC (`bench/rpc.py`)\n\nOne section per pair, its latest run.\n"
 
 
 def pair_paths(name: str, head: str) -> tuple[Path, Path]:
@@ -123,7 +124,7 @@ def main() -> None:
                 rows[name] = measure(model, args)
     ref = rows["local, no repack"]
     pair = args.pair if args.pair == "trained" else f"{args.pair}, {args.head} head"
-    lines = [f"# Tokens/s over ggml RPC ({pair} pair)", "",
+    lines = [f"## {pair} pair", "",
              f"`python bench/rpc.py {' '.join(sys.argv[1:])}`: {args.workers} rpc-servers on loopback "
              f"(`-t {args.server_threads}` each) holding every target layer (`-ngl 99`), the local context "
              f"`-t {args.threads}`; greedy, {args.tokens} tokens, median of {args.reps} after a warm-up; "
@@ -138,8 +139,18 @@ def main() -> None:
                      f"{'yes' if same else 'no'} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(text)
+    write_section(RESULTS, text)
+
+
+def write_section(path: Path, section: str) -> None:
+    """Put ``section`` (starting ``## title``) into the results file, replacing the one of the same
+    title: each pair's latest run is kept."""
+    title = section.split("\n", 1)[0]
+    old = path.read_text() if path.is_file() else ""
+    parts = [p for p in old.split("\n## ")[1:] if ("## " + p).split("\n", 1)[0] != title]
+    body = "".join("\n## " + p.rstrip("\n") + "\n" for p in parts) + "\n" + section
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(HEADER + body)
 
 
 if __name__ == "__main__":
