@@ -196,6 +196,9 @@ class CApiMachine(RuleBasedStateMachine):
         self.attached = False
         self.swa_full = True
         self.pos: list[list[int]] = [[] for _ in range(N_SEQ)]
+        # the newest position each sequence has had since it was last empty: the windowed sliding cache has
+        # let go of cells older than its window of that position, whatever was removed since
+        self.hi: list[int] = [-1] * N_SEQ
         self.last: list[tuple[int, np.ndarray]] = [(5, np.zeros(self.n.n_embd, np.float32)) for _ in range(N_SEQ)]
         self.flight = None   # (n_steps, drafts, h) of the synchronous call on the submitted state
         self.rng = np.random.default_rng(0)
@@ -233,6 +236,7 @@ class CApiMachine(RuleBasedStateMachine):
         assert rc == 0, f"llama_decode returned {rc} for {[(s, p, len(t)) for s, p, t in batch]}"
         for seq, p0, toks in batch:
             self.pos[seq].extend(range(p0, p0 + len(toks)))
+            self.hi[seq] = max(self.hi[seq], self.pos_max(seq))
             self.last[seq] = out[seq]
 
     def fits(self, seq: int, count: int) -> bool:
@@ -294,8 +298,13 @@ class CApiMachine(RuleBasedStateMachine):
         k = min(k, len(self.pos[seq]), MAX_TAIL_RM)
         if k == 0:
             return
+        new_last = self.pos[seq][-k - 1] if k < len(self.pos[seq]) else -1
+        if not self.swa_full and new_last >= 0 and new_last < self.hi[seq] - MAX_TAIL_RM:
+            return  # earlier removals (a middle range) already went that far below the newest position
         assert lib.llama_memory_seq_rm(self.n.mem, seq, self.pos[seq][-k], -1)
         del self.pos[seq][-k:]
+        if not self.pos[seq]:
+            self.hi[seq] = -1
 
     @rule(seq=st.integers(0, N_SEQ - 1), data=st.data())
     def remove_a_middle_range(self, seq, data):
@@ -317,6 +326,7 @@ class CApiMachine(RuleBasedStateMachine):
         delta = data.draw(st.integers(max(lo, -16), 16).filter(lambda d: d != 0))
         lib.llama_memory_seq_add(self.n.mem, seq, self.pos[seq][i], -1, delta)
         self.pos[seq][i:] = [p + delta for p in self.pos[seq][i:]]
+        self.hi[seq] += delta
 
     @rule(seq=st.integers(0, N_SEQ - 1))
     def keep_one_sequence(self, seq):
@@ -328,6 +338,7 @@ class CApiMachine(RuleBasedStateMachine):
     def clear(self, data):
         lib.llama_memory_clear(self.n.mem, data)
         self.pos = [[] for _ in range(N_SEQ)]
+        self.hi = [-1] * N_SEQ
 
     # --- drafting -------------------------------------------------------------------------------
 
@@ -431,6 +442,7 @@ class CApiMachine(RuleBasedStateMachine):
         self.n.free_context()
         self.flight = None
         self.pos = [[] for _ in range(N_SEQ)]
+        self.hi = [-1] * N_SEQ
         self.swa_full = swa_full
         self.n.create_context(swa_full)
         if self.attached:
@@ -483,3 +495,21 @@ def test_first_append_in_flight_keeps_the_drafts_of_a_wrapped_windowed_cache():
                 ("attach", {}),
                 ("submit_then_decode_at_once", dict(count_other=0, count_seq=1, seq=0)),
                 ("wait", {})])
+
+
+def test_removing_the_tail_after_a_middle_range_stays_inside_the_window():
+    """Found by the long profile (tools/sanitize.sh): a middle range and then the tail removed from a
+    sequence of the windowed sliding cache went further below its newest position than the window, where
+    the cache had already let go of the cells (upstream's behaviour, so llama_memory_seq_pos_max said -1):
+    the machine now skips such a tail removal."""
+    machine = CApiMachine()
+    try:
+        machine.start(attach=False, swa_full=False, seed=0, prompt0=153, prompt1=285)
+        pos = machine.pos[1]
+        assert lib.llama_memory_seq_rm(machine.n.mem, 1, pos[69], pos[284])  # remove_a_middle_range's draw
+        del pos[69:284]
+        for k in (43, 24):
+            machine.remove_the_tail(seq=1, k=k)
+            machine.last_positions_are_the_models()
+    finally:
+        machine.teardown()

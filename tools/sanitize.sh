@@ -30,6 +30,10 @@ cc -g -O1 -fsanitize="$SAN" -fno-omit-frame-pointer -Ivendor/llama.cpp/include -
     tests/c/test_mtp_api.c -o "$BUILD/test_mtp_api" -L"$BUILD/bin" -lllama -lggml -lggml-base -Wl,-rpath,"$PWD/$BUILD/bin"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+# the accepted race of the append contract (llama.h, "data races"; patches/README.md, Verification): the
+# target's set_rows of appended cells against the drafting graph's reads of the same, masked, cells
+printf 'race:ggml_compute_forward_set_rows\n' > "$BUILD/tsan.supp"
+export TSAN_OPTIONS="halt_on_error=0:report_signal_unsafe=0:suppressions=$PWD/$BUILD/tsan.supp"
 "$BUILD/test_mtp_api" tests/fixtures/dense-target.gguf tests/fixtures/dense-assistant.gguf \
     tests/fixtures/centroid-assistant.gguf 2> "$BUILD/sanitize.stderr" | tail -n 1
 status=${PIPESTATUS[0]}
@@ -41,13 +45,9 @@ case "$SAN" in
     *address*) RUNTIME=$(cc -print-file-name=libasan.so) ;;
     *) RUNTIME= ;;
 esac
-# the accepted race of the append contract (patches/README.md, Verification): the target's set_rows of
-# appended cells against the drafting graph's reads of the same, masked, cells
-printf 'race:ggml_compute_forward_set_rows\n' > "$BUILD/tsan.supp"
 set +e
 LD_PRELOAD=$RUNTIME LD_LIBRARY_PATH="$PWD/$BUILD/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:halt_on_error=1 \
-    TSAN_OPTIONS="halt_on_error=0:report_signal_unsafe=0:suppressions=$PWD/$BUILD/tsan.supp" \
     MTP_C_API_STATEFUL=${MTP_C_API_STATEFUL:-long} pytest -q -p no:cacheprovider tests/test_c_api_stateful.py \
     > "$BUILD/stateful.stdout" 2> "$BUILD/stateful.stderr"
 stateful=$?
