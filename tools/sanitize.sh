@@ -45,6 +45,13 @@ case "$SAN" in
     *address*) RUNTIME=$(cc -print-file-name=libasan.so) ;;
     *) RUNTIME= ;;
 esac
+if [ -n "$RUNTIME" ] && ! LD_PRELOAD=$RUNTIME python3 -c pass 2> /dev/null; then
+    # e.g. GCC 12's TSAN runtime preloaded into a pyenv-built interpreter crashes at startup (measured here,
+    # with and without ASLR): the C test above is then this sanitizer's only check
+    echo "stateful test skipped: python3 does not start with $RUNTIME preloaded"
+    [ "$status" -eq 0 ] && echo "sanitizers: clean ($SAN, C test only)"
+    exit "$status"
+fi
 set +e
 LD_PRELOAD=$RUNTIME LD_LIBRARY_PATH="$PWD/$BUILD/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:halt_on_error=1 \
