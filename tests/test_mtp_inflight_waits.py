@@ -66,42 +66,36 @@ def _wait_equals(n: Native, drafts: np.ndarray, h_out: np.ndarray) -> None:
     assert np.array_equal(got_h, h_out)
 
 
-def test_a_shift_of_another_sequence_waits_for_the_request_in_flight(native):
-    token, h, attn_pos = _prefill(native)
-    drafts, h_out = _submit_after_sync(native, token, h, attn_pos)
-    before = _drains(native)
-    lib.llama_memory_seq_add(native.mem, 1, 0, -1, 3)
-    assert _drains(native) == before + 1
-    _wait_equals(native, drafts, h_out)
+def _drains_during(n: Native, action) -> int:
+    """Submit a request (its drafts known from the synchronous call), run ``action(token, attn_pos)`` while
+    it is in flight, check the request's drafts, and return how many waits ``action`` caused."""
+    token, h, attn_pos = _prefill(n)
+    drafts, h_out = _submit_after_sync(n, token, h, attn_pos)
+    before = _drains(n)
+    action(token, attn_pos)
+    waited = _drains(n) - before
+    _wait_equals(n, drafts, h_out)
+    return waited
 
 
-def test_a_division_of_another_sequence_waits_for_the_request_in_flight(native):
-    token, h, attn_pos = _prefill(native)
-    drafts, h_out = _submit_after_sync(native, token, h, attn_pos)
-    before = _drains(native)
-    lib.llama_memory_seq_div(native.mem, 1, 0, -1, 2)
-    assert _drains(native) == before + 1
-    _wait_equals(native, drafts, h_out)
+@pytest.mark.parametrize("edit", [
+    lambda mem: lib.llama_memory_seq_add(mem, 1, 0, -1, 3),
+    lambda mem: lib.llama_memory_seq_div(mem, 1, 0, -1, 2),
+], ids=["seq_add", "seq_div"])
+def test_a_shift_of_another_sequence_waits_for_the_request_in_flight(native, edit):
+    assert _drains_during(native, lambda token, attn_pos: edit(native.mem)) == 1
 
 
 def test_a_batch_mixing_sequences_across_kv_streams_waits_for_the_request_in_flight(native):
-    token, h, attn_pos = _prefill(native)
-    drafts, h_out = _submit_after_sync(native, token, h, attn_pos)
-    before = _drains(native)
-    rc, _ = native.decode([(0, attn_pos + 1, [token]), (1, len(PROMPT1), [7, 8])])
-    assert rc == 0
-    assert _drains(native) == before + 1
-    _wait_equals(native, drafts, h_out)
+    def mixed_batch(token, attn_pos):
+        assert native.decode([(0, attn_pos + 1, [token]), (1, len(PROMPT1), [7, 8])])[0] == 0
+    assert _drains_during(native, mixed_batch) == 1
 
 
 def test_the_drafting_sequences_first_append_still_does_not_wait(native):
-    token, h, attn_pos = _prefill(native)
-    drafts, h_out = _submit_after_sync(native, token, h, attn_pos)
-    before = _drains(native)
-    rc, _ = native.decode([(0, attn_pos + 1, [token, 11, 12])])
-    assert rc == 0
-    assert _drains(native) == before
-    _wait_equals(native, drafts, h_out)
+    def verify_batch(token, attn_pos):
+        assert native.decode([(0, attn_pos + 1, [token, 11, 12])])[0] == 0
+    assert _drains_during(native, verify_batch) == 0
 
 
 # --- fault injection (LLAMA_MTP_FAULT is read when a context's drafting state is created) ------------
