@@ -196,8 +196,8 @@ class CApiMachine(RuleBasedStateMachine):
         self.attached = False
         self.swa_full = True
         self.pos: list[list[int]] = [[] for _ in range(N_SEQ)]
-        # the newest position each sequence has had since it was last empty: the windowed sliding cache has
-        # let go of cells older than its window of that position, whatever was removed since
+        # the newest position each sequence has had since it was last empty: the sliding-window cache (full-size
+        # or not) has let go of cells older than its window of that position, whatever was removed since
         self.hi: list[int] = [-1] * N_SEQ
         self.last: list[tuple[int, np.ndarray]] = [(5, np.zeros(self.n.n_embd, np.float32)) for _ in range(N_SEQ)]
         self.flight = None   # (n_steps, drafts, h) of the synchronous call on the submitted state
@@ -299,7 +299,7 @@ class CApiMachine(RuleBasedStateMachine):
         if k == 0:
             return
         new_last = self.pos[seq][-k - 1] if k < len(self.pos[seq]) else -1
-        if not self.swa_full and new_last >= 0 and new_last < self.hi[seq] - MAX_TAIL_RM:
+        if new_last >= 0 and new_last < self.hi[seq] - MAX_TAIL_RM:
             return  # earlier removals (a middle range) already went that far below the newest position
         assert lib.llama_memory_seq_rm(self.n.mem, seq, self.pos[seq][-k], -1)
         del self.pos[seq][-k:]
@@ -509,6 +509,29 @@ def test_removing_the_tail_after_a_middle_range_stays_inside_the_window():
         assert lib.llama_memory_seq_rm(machine.n.mem, 1, pos[69], pos[284])  # remove_a_middle_range's draw
         del pos[69:284]
         for k in (43, 24):
+            machine.remove_the_tail(seq=1, k=k)
+            machine.last_positions_are_the_models()
+    finally:
+        machine.teardown()
+
+
+def test_a_full_size_sliding_cache_also_lets_go_of_cells_outside_the_window():
+    """Found next by the long profile, with the full-size sliding cache (swa_full): removals, a shift, a
+    decode and more removals left the sequence empty in the cache (-1) but not in the model (4): the cache
+    had let go of cells outside the window of the decoded tokens, full-size or not."""
+    machine = CApiMachine()
+    try:
+        machine.start(attach=False, swa_full=True, seed=0, prompt0=230, prompt1=110)
+        pos = machine.pos[1]
+        assert lib.llama_memory_seq_rm(machine.n.mem, 1, pos[43], pos[66])  # remove_a_middle_range's draw
+        del pos[43:66]
+        machine.remove_the_tail(seq=1, k=19)
+        machine.remove_the_tail(seq=1, k=21)
+        lib.llama_memory_seq_add(machine.n.mem, 1, pos[0], -1, 1)  # shift_the_tail's draw: all of it, +1
+        machine.pos[1] = [p + 1 for p in pos]
+        machine.hi[1] += 1
+        machine.decode_one_sequence(seq=1, count=8)
+        for k in (19, 63):
             machine.remove_the_tail(seq=1, k=k)
             machine.last_positions_are_the_models()
     finally:
