@@ -497,42 +497,43 @@ def test_first_append_in_flight_keeps_the_drafts_of_a_wrapped_windowed_cache():
                 ("wait", {})])
 
 
+def _replay_tail_removals(swa_full: bool, prompts: tuple[int, int], middle: tuple[int, int], before_tails) -> None:
+    """Start the machine, remove ``middle`` (indices of sequence 1's positions: remove_a_middle_range's draw),
+    run ``before_tails(machine)``, then remove the tail twice, checking the last positions after each."""
+    machine = CApiMachine()
+    try:
+        machine.start(attach=False, swa_full=swa_full, seed=0, prompt0=prompts[0], prompt1=prompts[1])
+        pos = machine.pos[1]
+        assert lib.llama_memory_seq_rm(machine.n.mem, 1, pos[middle[0]], pos[middle[1]])
+        del pos[middle[0]:middle[1]]
+        tails = before_tails(machine)
+        for k in tails:
+            machine.remove_the_tail(seq=1, k=k)
+            machine.last_positions_are_the_models()
+    finally:
+        machine.teardown()
+
+
 def test_removing_the_tail_after_a_middle_range_stays_inside_the_window():
     """Found by the long profile (tools/sanitize.sh): a middle range and then the tail removed from a
     sequence of the windowed sliding cache went further below its newest position than the window, where
     the cache had already let go of the cells (upstream's behaviour, so llama_memory_seq_pos_max said -1):
     the machine now skips such a tail removal."""
-    machine = CApiMachine()
-    try:
-        machine.start(attach=False, swa_full=False, seed=0, prompt0=153, prompt1=285)
-        pos = machine.pos[1]
-        assert lib.llama_memory_seq_rm(machine.n.mem, 1, pos[69], pos[284])  # remove_a_middle_range's draw
-        del pos[69:284]
-        for k in (43, 24):
-            machine.remove_the_tail(seq=1, k=k)
-            machine.last_positions_are_the_models()
-    finally:
-        machine.teardown()
+    _replay_tail_removals(False, (153, 285), (69, 284), lambda machine: (43, 24))
 
 
 def test_a_full_size_sliding_cache_also_lets_go_of_cells_outside_the_window():
     """Found next by the long profile, with the full-size sliding cache (swa_full): removals, a shift, a
     decode and more removals left the sequence empty in the cache (-1) but not in the model (4): the cache
     had let go of cells outside the window of the decoded tokens, full-size or not."""
-    machine = CApiMachine()
-    try:
-        machine.start(attach=False, swa_full=True, seed=0, prompt0=230, prompt1=110)
-        pos = machine.pos[1]
-        assert lib.llama_memory_seq_rm(machine.n.mem, 1, pos[43], pos[66])  # remove_a_middle_range's draw
-        del pos[43:66]
+    def removals_shift_decode(machine):
         machine.remove_the_tail(seq=1, k=19)
         machine.remove_the_tail(seq=1, k=21)
+        pos = machine.pos[1]
         lib.llama_memory_seq_add(machine.n.mem, 1, pos[0], -1, 1)  # shift_the_tail's draw: all of it, +1
         machine.pos[1] = [p + 1 for p in pos]
         machine.hi[1] += 1
         machine.decode_one_sequence(seq=1, count=8)
-        for k in (19, 63):
-            machine.remove_the_tail(seq=1, k=k)
-            machine.last_positions_are_the_models()
-    finally:
-        machine.teardown()
+        return (19, 63)
+
+    _replay_tail_removals(True, (230, 110), (43, 66), removals_shift_decode)
