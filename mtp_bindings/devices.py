@@ -59,21 +59,26 @@ def parse_device_list(devices: str | Sequence[str]) -> list[str]:
     return names
 
 
+def _null_terminated(devs: Sequence[Any]) -> Any:
+    """``devs`` as the NULL-terminated ``ggml_backend_dev_t[]`` llama.cpp's params take."""
+    arr = ffi.new("ggml_backend_dev_t[]", len(devs) + 1)
+    for i, dev in enumerate(devs):
+        arr[i] = dev
+    arr[len(devs)] = ffi.NULL
+    return arr
+
+
 def device_array(devices: str | Sequence[str]) -> Any:
     """The NULL-terminated ``ggml_backend_dev_t[]`` for ``devices`` (keep it alive while the
     params are used); an unknown name is an :class:`InvalidParameterError` listing the known ones."""
     names = parse_device_list(devices)
     found = _offload_devices()
     by_name = {name.lower(): dev for name, dev in found}
-    arr = ffi.new("ggml_backend_dev_t[]", len(names) + 1)
-    for i, name in enumerate(names):
-        dev = by_name.get(name.lower())
-        if dev is None:
+    for name in names:
+        if name.lower() not in by_name:
             known = ", ".join(n for n, _ in found) or "none: this build has no GPU backend"
             raise InvalidParameterError(f"devices: unknown device {name!r} (available: {known})")
-        arr[i] = dev
-    arr[len(names)] = ffi.NULL
-    return arr
+    return _null_terminated([by_name[name.lower()] for name in names])
 
 
 # --- RPC servers: another machine's devices over TCP (ggml's RPC backend, llama.cpp's --rpc) ------
@@ -261,9 +266,4 @@ def placement_array(devices: str | Sequence[str] | None, rpc_devices: Sequence[s
     if not any_rpc:
         return None
     by_name = dict(_offload_devices())
-    chosen = [by_name[name] for name in rpc_devices] + _local_default_devices()
-    arr = ffi.new("ggml_backend_dev_t[]", len(chosen) + 1)
-    for i, dev in enumerate(chosen):
-        arr[i] = dev
-    arr[len(chosen)] = ffi.NULL
-    return arr
+    return _null_terminated([by_name[name] for name in rpc_devices] + _local_default_devices())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ._backends import LIB_DIR
 from ._native import cpu_variant, ensure_initialised, ffi, lib
 
 _CDEF_FILE = Path(__file__).parent / "include" / "_ffi_cdef.h"
@@ -31,7 +32,7 @@ def include_dir() -> Path:
 
 def library_dir() -> Path:
     """Directory with the bundled ``libllama`` and ggml shared libraries."""
-    return Path(__file__).parent / "lib"
+    return LIB_DIR
 
 
 __all__ = ["ffi", "lib", "ensure_initialised", "cpu_variant", "cdef", "include_dir", "library_dir"]

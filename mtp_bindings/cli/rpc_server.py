@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .._backends import is_portable
 from ..params import RPC_SERVER_HOST, RPC_SERVER_PORT
 from .flags import PROG, CLIError
 from .interrupt import Interrupt
@@ -62,7 +63,7 @@ def cmd_rpc_server(args: argparse.Namespace, interrupt: Interrupt) -> int:
     # directory; a portable install (a wheel) has them as modules in lib/, beside libllama, so it
     # starts there (it takes no relative path: its -c cache lives under ~/.cache)
     lib_dir = exe.parent.parent / "lib"
-    if any(lib_dir.glob("libggml-cpu-*.so")):
+    if is_portable(lib_dir):
         os.chdir(lib_dir)
     os.execv(exe, [str(exe), *argv])
     return 0  # not reached: execv returns only by raising OSError
