@@ -29,7 +29,8 @@ logger = logging.getLogger("mtp_bindings.native")
 # The MTP C API this package drives: checked once here, so no caller needs a fallback.
 MTP_SYMBOLS = ("llama_model_load_mtp_from_file", "llama_model_has_mtp_assistant", "llama_model_mtp_n_embd_backbone",
                "llama_decode_mtp_async", "llama_decode_mtp_wait", "llama_decode_mtp", "llama_mtp_get_stats",
-               "llama_mtp_set_n_threads", "llama_mtp_status_str")
+               "llama_mtp_set_n_threads", "llama_mtp_attach_threadpool", "llama_mtp_detach_threadpool",
+               "llama_mtp_status_str")
 
 
 def _check_library() -> str:

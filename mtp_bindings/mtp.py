@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ from .exceptions import AssistantLoadError, InvalidParameterError, MTPBusyError,
 from .model import LlamaModel
 from .mtp_status import MTP_ERR_BUSY, MTP_ERR_NO_ASSISTANT, status_text
 from .params import DRAFT_N_MAX, THREADS_MAX, valid_thread_count
+from .threadpool import ThreadPool
 
 MTP_N_STEPS_MAX = DRAFT_N_MAX  # LLAMA_MTP_MAX_STEPS
 
@@ -58,11 +59,13 @@ def attach_assistant(model: LlamaModel, path: Any, n_gpu_layers: int | None = No
 
 
 def graph_stats(ctx: Context) -> dict[str, int]:
-    """The context's MTP counters: requests, steps, graph builds and reuses, and the threads the last
-    request's drafting graph computed with."""
+    """The context's MTP counters: requests, steps, graph builds and reuses, the threads the last
+    request's drafting graph computed with, and the backend splits of the current drafting graph
+    (1: one backend, e.g. the GPU or RPC worker holding every layer, computes a whole draft step)."""
     st = lib.llama_mtp_get_stats(ctx.ptr)
     return {"n_requests": st.n_requests, "n_steps": st.n_steps, "n_graph_builds": st.n_graph_builds,
-            "n_graph_reuses": st.n_graph_reuses, "n_threads_last": st.n_threads_last}
+            "n_graph_reuses": st.n_graph_reuses, "n_threads_last": st.n_threads_last,
+            "n_graph_splits": st.n_graph_splits}
 
 
 def set_worker_threads(ctx: Context, n_threads: int | None) -> None:
@@ -120,10 +123,36 @@ class MTPSession:
         self._c_drafts = ffi.from_buffer("llama_token[]", self.drafts)
         self._c_h_last = ffi.from_buffer("float[]", self.h_last)
         self.in_flight: MTPHandle | None = None
+        self.threadpool: ThreadPool | None = None
         self._lock = threading.Lock()
         # a destructive KV edit or freeing the context must not race the drafting worker
         ctx.on_kv_edit(self.discard)
         ctx.on_close(self.discard)
+        ctx.on_close(self._forget_threadpool)  # a freed context no longer computes on its pool
+
+    def set_threadpool(self, pool: ThreadPool | None, detach: Callable[[], None]) -> None:
+        """Asynchronous drafting computes on ``pool``'s threads (None: on the set count again);
+        ``detach()`` is what the pool calls when it is closed first."""
+        if pool is not None and not isinstance(pool, ThreadPool):
+            raise InvalidParameterError(f"the MTP threadpool must be a ThreadPool or None, got {pool!r}")
+        with self._lock:
+            _native.clear_errors()
+            if pool is None:
+                rc = lib.llama_mtp_detach_threadpool(self.ctx.ptr)
+            else:
+                rc = lib.llama_mtp_attach_threadpool(self.ctx.ptr, pool.ptr)
+            if rc != 0:
+                _raise_for(rc, "cannot set the drafting threadpool")
+            if self.threadpool is not None and self.threadpool is not pool:
+                self.threadpool.remove_user(id(self))
+            self.threadpool = pool
+            if pool is not None:
+                pool.add_user(id(self), detach)
+
+    def _forget_threadpool(self) -> None:
+        if self.threadpool is not None:
+            self.threadpool.remove_user(id(self))
+            self.threadpool = None
 
     def _call(self, name: str, *args: Any) -> int:
         """``lib.<name>(*args)``, reported to the context's observer when it has one."""
@@ -235,6 +264,21 @@ class MTPContext(Context):
         target may decode meanwhile). :meth:`decode_mtp` always uses the context's threads."""
         with self._lock:
             set_worker_threads(self, n_threads)
+
+    def attach_mtp_threadpool(self, pool: ThreadPool) -> None:
+        """Asynchronous MTP drafting computes on ``pool``'s threads (their count replaces
+        :meth:`set_mtp_threads`'s) until :meth:`detach_mtp_threadpool`, or until the pool is closed,
+        which detaches it first. Do not give it the threadpool of a computation that may run at the
+        same time. :meth:`decode_mtp` keeps the context's threads."""
+        with self._lock:
+            session_of(self).set_threadpool(pool, self.detach_mtp_threadpool)
+
+    def detach_mtp_threadpool(self) -> None:
+        """Asynchronous MTP drafting computes on the count :meth:`set_mtp_threads` set again. A closed
+        context has nothing to detach."""
+        with self._lock:
+            if not self.closed:
+                session_of(self).set_threadpool(None, self.detach_mtp_threadpool)
 
     def decode_mtp(self, *, seq_id: int = 0, attn_pos: int, last_token: int, h_prev: np.ndarray, n_steps: int,
                    return_logits: bool = False) -> tuple[np.ndarray, ...]:

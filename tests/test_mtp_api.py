@@ -292,6 +292,9 @@ def test_null_pointers_give_invalid_argument(dense):
     assert lib.llama_decode_mtp_async(ctx.ptr, 0, attn_pos, tok, ffi.NULL, 2) == -1
     assert lib.llama_decode_mtp_async(ffi.NULL, 0, attn_pos, tok, ffi.NULL, 2) == -1
     assert lib.llama_decode_mtp(ctx.ptr, 0, attn_pos, tok, ffi.NULL, 2, ffi.NULL, ffi.NULL, ffi.NULL) == -1
+    assert lib.llama_mtp_attach_threadpool(ctx.ptr, ffi.NULL) == -1
+    assert lib.llama_mtp_attach_threadpool(ffi.NULL, ffi.NULL) == -1
+    assert lib.llama_mtp_detach_threadpool(ffi.NULL) == -1
 
 
 def test_wrong_h_prev_shape_is_refused_in_python(dense):

@@ -1,5 +1,6 @@
 """Drafting threads: synchronous drafting computes with the context's threads (its caller waits),
-asynchronous drafting with a settable count (default automatic); bad counts are refused."""
+asynchronous drafting with a settable count (default automatic) or an attached threadpool; bad
+counts and pool parameters are refused."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from fixture_paths import PAIRS, fixture_path
 from mtp_bindings import InvalidParameterError, Model, NoAssistantError
 from mtp_bindings.mtp import graph_stats
+from mtp_bindings.threadpool import ThreadPool
 from mtp_bindings.threads import usable_cpus
 
 CPUS = usable_cpus()
@@ -54,3 +56,72 @@ def test_setting_drafting_threads_without_an_assistant_is_refused():
     with Model(fixture_path(PAIRS["dense"][0])) as m, m.create_context(n_ctx=64) as ctx:
         with pytest.raises(NoAssistantError):
             ctx.set_mtp_threads(2)
+
+
+# issue 17 item 4: the worker's threadpool (patch 0027)
+def test_an_attached_threadpool_computes_the_asynchronous_requests(pair):
+    ctx, tok, h, pos = pair
+    want, _ = ctx.decode_mtp(attn_pos=pos, last_token=tok, h_prev=h, n_steps=3)
+    ctx.set_mtp_threads(1)
+    with ThreadPool(2, poll=0) as pool:
+        ctx.attach_mtp_threadpool(pool)
+        got, _ = ctx.decode_mtp_async(attn_pos=pos, last_token=tok, h_prev=h, n_steps=3).wait()
+        assert graph_stats(ctx)["n_threads_last"] == 2  # the pool's count, not the set one
+        assert got.tolist() == want.tolist()
+        ctx.detach_mtp_threadpool()
+        ctx.decode_mtp_async(attn_pos=pos, last_token=tok, h_prev=h, n_steps=3).wait()
+        assert graph_stats(ctx)["n_threads_last"] == 1
+    ctx.set_mtp_threads(None)
+
+
+@pytest.mark.skipif(CPUS < 2, reason="needs 2 CPUs to tell the pool's count from the context's")
+def test_synchronous_drafting_keeps_the_contexts_threads_with_a_threadpool_attached(pair):
+    ctx, tok, h, pos = pair
+    with ThreadPool(1) as pool:
+        ctx.attach_mtp_threadpool(pool)
+        ctx.decode_mtp(attn_pos=pos, last_token=tok, h_prev=h, n_steps=2)
+        assert graph_stats(ctx)["n_threads_last"] == CPUS
+        ctx.detach_mtp_threadpool()
+
+
+def test_closing_an_attached_threadpool_detaches_it_first(pair):
+    ctx, tok, h, pos = pair
+    ctx.set_mtp_threads(1)
+    pool = ThreadPool(2)
+    ctx.attach_mtp_threadpool(pool)
+    handle = ctx.decode_mtp_async(attn_pos=pos, last_token=tok, h_prev=h, n_steps=3)
+    pool.close()  # waits for the request in flight, then the worker no longer uses the pool
+    handle.wait()
+    ctx.decode_mtp_async(attn_pos=pos, last_token=tok, h_prev=h, n_steps=3).wait()
+    assert graph_stats(ctx)["n_threads_last"] == 1
+    with pytest.raises(InvalidParameterError, match="closed"):
+        ctx.attach_mtp_threadpool(pool)
+    ctx.set_mtp_threads(None)
+
+
+def test_a_threadpool_outlives_the_context_it_was_attached_to():
+    target, assistant = PAIRS["dense"]
+    with ThreadPool(1) as pool, Model(fixture_path(target), assistant=fixture_path(assistant)) as m:
+        with m.create_context(n_ctx=64, embeddings=True) as ctx:
+            ctx.attach_mtp_threadpool(pool)
+        assert not pool.closed  # freeing the context leaves the pool to its owner
+
+
+@pytest.mark.parametrize("kwargs", [{"n_threads": 0}, {"n_threads": 2.0}, {"n_threads": 1, "priority": "urgent"},
+                                    {"n_threads": 1, "poll": 101}, {"n_threads": 1, "poll": -1},
+                                    {"n_threads": 1, "cpus": [-1]}, {"n_threads": 1, "cpus": [4096]},
+                                    {"n_threads": 1, "cpus": "01"}, {"n_threads": 1, "strict_cpu": 1}])
+def test_bad_threadpool_parameters_are_refused(kwargs):
+    with pytest.raises(InvalidParameterError):
+        ThreadPool(**kwargs)
+
+
+def test_only_a_threadpool_can_be_attached(pair):
+    with pytest.raises(InvalidParameterError):
+        pair[0].attach_mtp_threadpool(2)
+
+
+def test_attaching_a_threadpool_without_an_assistant_is_refused():
+    with ThreadPool(1) as pool, Model(fixture_path(PAIRS["dense"][0])) as m, m.create_context(n_ctx=64) as ctx:
+        with pytest.raises(NoAssistantError):
+            ctx.attach_mtp_threadpool(pool)

@@ -293,3 +293,36 @@ def test_generate_names_the_flag_of_a_malformed_endpoint() -> None:
 def test_rpc_server_help_is_the_bundled_binary_s() -> None:
     out = subprocess.run(_serve_command() + ["rpc-server", "--help"], capture_output=True, text=True, timeout=60)
     assert "--host" in out.stderr and "--port" in out.stderr, out.stderr
+
+
+def _draft(model: Any) -> tuple[list[int], dict[str, int]]:
+    """Three synchronous draft steps after a short prompt, and the context's drafting counters."""
+    import numpy as np
+
+    from mtp_bindings.mtp import graph_stats
+
+    with model.create_context(n_ctx=256, n_threads=1, embeddings=True) as ctx:
+        ctx.decode([2, 100, 200, 300], pos=0)
+        drafts, _ = ctx.decode_mtp(attn_pos=3, last_token=int(np.argmax(ctx.get_logits(-1))),
+                                   h_prev=ctx.get_embeddings(-1), n_steps=3)
+        return drafts.tolist(), graph_stats(ctx)
+
+
+# issue 17 item 7 (patch 0026): the embedding rows (the target's, for the drafted token; the centroid head's
+# candidates) were gathered in host memory, so with every layer on a device each gather was a CPU split of its
+# own in every draft step (device -> host -> device)
+@pytest.mark.parametrize("pair", ["dense", "centroid"])
+def test_a_draft_step_runs_whole_on_the_worker_holding_every_layer(tmp_path: Path, pair: str) -> None:
+    from mtp_bindings import Model
+
+    from fixture_paths import PAIRS, fixture_path
+
+    target, assistant = (fixture_path(name) for name in PAIRS[pair])
+    with Model(target, assistant=assistant, repack=False) as model:
+        local, local_stats = _draft(model)
+    with rpc_workers(1, tmp_path) as (endpoint,), \
+            Model(target, assistant=assistant, rpc_servers=endpoint, n_gpu_layers=99) as model:
+        drafts, stats = _draft(model)
+    assert local_stats["n_graph_splits"] == 1
+    assert stats["n_graph_splits"] == 1
+    assert drafts == local

@@ -11,7 +11,7 @@ import pytest
 from mtp_bindings import low_level
 
 ffi = low_level.ffi
-STRUCTS = ["llama_model_params", "llama_context_params", "llama_batch"]
+STRUCTS = ["llama_model_params", "llama_context_params", "llama_batch", "ggml_threadpool_params"]
 
 
 @pytest.fixture(scope="module")

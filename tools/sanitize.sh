@@ -45,17 +45,18 @@ case "$SAN" in
     *address*) RUNTIME=$(cc -print-file-name=libasan.so) ;;
     *) RUNTIME= ;;
 esac
-if [ -n "$RUNTIME" ] && ! LD_PRELOAD=$RUNTIME python3 -c pass 2> /dev/null; then
-    # e.g. GCC 12's TSAN runtime preloaded into a pyenv-built interpreter crashes at startup (measured here,
-    # with and without ASLR): the C test above is then this sanitizer's only check
-    echo "stateful test skipped: python3 does not start with $RUNTIME preloaded"
+# the interpreter (and its pytest) itself, not a launcher: a pyenv shim is a bash script that loads pyenv's own shared
+# object into bash, which crashed at startup with GCC 12's TSAN runtime preloaded (measured here)
+PYTHON=$(python3 -c 'import sys; print(sys.executable)')
+if [ -n "$RUNTIME" ] && ! LD_PRELOAD=$RUNTIME "$PYTHON" -c pass 2> /dev/null; then
+    echo "stateful test skipped: $PYTHON does not start with $RUNTIME preloaded"
     [ "$status" -eq 0 ] && echo "sanitizers: clean ($SAN, C test only)"
     exit "$status"
 fi
 set +e
 LD_PRELOAD=$RUNTIME LD_LIBRARY_PATH="$PWD/$BUILD/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:halt_on_error=1 \
-    MTP_C_API_STATEFUL=${MTP_C_API_STATEFUL:-long} pytest -q -p no:cacheprovider tests/test_c_api_stateful.py \
+    MTP_C_API_STATEFUL=${MTP_C_API_STATEFUL:-long} "$(dirname "$PYTHON")/pytest" -q -p no:cacheprovider tests/test_c_api_stateful.py \
     > "$BUILD/stateful.stdout" 2> "$BUILD/stateful.stderr"
 stateful=$?
 set -e
