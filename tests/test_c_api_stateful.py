@@ -6,8 +6,8 @@ sequences of: decodes on one or both sequences (batches of one or several ubatch
 wrong position), KV edits (``llama_memory_seq_rm`` of a tail or a middle range, ``seq_add`` of a tail,
 ``seq_keep``, ``clear``), asynchronous drafting requests (``llama_decode_mtp_async`` / ``_wait``, with
 KV edits, decodes and context frees while one is in flight: these drain it under the KV contract, there
-is no other drain or cancel call), synchronous ``llama_decode_mtp`` calls, the assistant's attach (once,
-at any point) and a context free + recreate. After every step it checks that each call returned the
+is no other drain or cancel call), synchronous ``llama_decode_mtp`` calls, the worker's threadpool
+attached and detached, the assistant's attach (once, at any point) and a context free + recreate. After every step it checks that each call returned the
 code ``llama.h`` documents for the state (``LLAMA_MTP_ERR_BUSY`` while a request is in flight,
 ``_NO_ASSISTANT`` before the attach, ``_POS`` unless ``attn_pos`` is the sequence's last position, the
 argument errors in their documented order), that the context's last positions are the model's, and that
@@ -33,6 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from fixture_paths import BUNDLED
 from mtp_bindings.low_level import ensure_initialised, ffi, lib
+from mtp_bindings.threadpool import ThreadPool
 
 TARGET = BUNDLED / "trained-target.gguf"
 ASSISTANT = BUNDLED / "trained-assistant.gguf"
@@ -101,6 +102,7 @@ class Native:
         self.n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.model))
         self.n_embd = lib.llama_model_n_embd(self.model)
         self.ctx = ffi.NULL
+        self.pools: list[ThreadPool] = []  # freed after the context (attached through the C API only)
 
     def attach(self) -> int:
         return lib.llama_model_load_mtp_from_file(self.model, str(ASSISTANT).encode(), cpu_model_params())
@@ -126,11 +128,17 @@ class Native:
             lib.llama_free(self.ctx)
             self.ctx = ffi.NULL
 
+    def new_pool(self, n_threads: int):
+        self.pools.append(ThreadPool(n_threads))
+        return self.pools[-1].ptr
+
     def close(self) -> None:
         self.free_context()
         if self.model != ffi.NULL:
             lib.llama_model_free(self.model)
             self.model = ffi.NULL
+        for pool in self.pools:
+            pool.close()
 
     @property
     def mem(self):
@@ -433,6 +441,16 @@ class CApiMachine(RuleBasedStateMachine):
             assert np.isfinite(h_out).all()
             if want_logits:
                 assert drafts.tolist() == np.argmax(logits, axis=1).tolist()
+
+    @rule(n_threads=st.sampled_from([0, 1, 2]))
+    def attach_a_threadpool(self, n_threads):
+        """A threadpool of the asynchronous worker (0: detach it), with or without a request in flight
+        (both wait for it); the drafts of later requests must still be the synchronous call's."""
+        if n_threads == 0:
+            rc = lib.llama_mtp_detach_threadpool(self.n.ctx)
+        else:
+            rc = lib.llama_mtp_attach_threadpool(self.n.ctx, self.n.new_pool(n_threads))
+        assert rc == (OK if self.attached else NO_ASSISTANT)
 
     # --- the context ----------------------------------------------------------------------------
 
