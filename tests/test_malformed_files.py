@@ -31,6 +31,14 @@ def test_mutated_assistants_never_crash_verify_assistant(tmp_path):
     assert report["failures"] == [], report["failures"]
 
 
+def test_mutated_vocabularies_never_crash_the_loader(tmp_path):
+    # issue 17 item 9: the mode that found the duplicate-token abort, aimed at token texts only
+    report = gguf_mutate.campaign(fixture_path("dense-target.gguf"), ["model"], CASES, seed=5, workdir=tmp_path,
+                                  vocab=True)
+    assert report["failures"] == [], report["failures"]
+    assert report["outcomes"].get("typed", 0) > 0  # some cases made two tokens one text: ModelLoadError
+
+
 def test_layout_parser_finds_every_tensor(tmp_path):
     data = fixture_path("dense-target.gguf").read_bytes()
     layout = gguf_mutate.parse_layout(data)

@@ -3,6 +3,7 @@
 Used by the bounded test ``tests/test_malformed_files.py`` and by the longer campaign::
 
     python tools/gguf_mutate.py tests/fixtures/dense-target.gguf --cases 500 [--assistant-of T.gguf]
+    python tools/gguf_mutate.py tests/fixtures/dense-target.gguf --cases 200 --vocab --modes model
 
 Each case is loaded in its own subprocess (so a crash is caught, not suffered): the outcome must
 be a valid load or a typed :class:`mtp_bindings.MTPBindingsError`; a signal or a hang is a bug.
@@ -23,6 +24,7 @@ from pathlib import Path
 # GGUF value types and their fixed sizes (strings and arrays are variable)
 FIXED = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 STRING, ARRAY = 8, 9
+VOCAB_KEY = b"tokenizer.ggml.tokens"  # its strings are the "vocab.elem.*" fields of the layout
 
 
 @dataclass
@@ -64,10 +66,11 @@ def parse_layout(data: bytes) -> list[Field]:
 
     for _ in range(n_kv):
         string("kv.key")
+        key = data[out[-1].offset:out[-1].offset + out[-1].size]
         (vtype,) = struct.unpack_from("<I", data, off)
         out.append(Field("kv.type", off, 4))
         off += 4
-        value(vtype, "kv")
+        value(vtype, "vocab" if key == VOCAB_KEY else "kv")
     for _ in range(n_tensors):
         string("tensor.name")
         (n_dims,) = struct.unpack_from("<I", data, off)
@@ -107,6 +110,29 @@ def mutate(data: bytes, rng: random.Random, layout: list[Field]) -> tuple[bytes,
     v = rng.choice(INTERESTING) % (1 << (8 * f.size))
     buf[f.offset:f.offset + f.size] = v.to_bytes(f.size, "little")
     return bytes(buf), f"set {f.kind}@{f.offset} = {v}"
+
+
+def mutate_vocab(data: bytes, rng: random.Random, layout: list[Field]) -> tuple[bytes, str]:
+    """One mutation of a token's text (the sizes stay, so the file stays well-formed): another token's
+    text of the same length (two tokens with one text), a NUL byte, a byte that is not UTF-8, or two
+    tokens swapped."""
+    buf = bytearray(data)
+    texts = [f for f in layout if f.kind == "vocab.elem.bytes" and f.size > 0]
+    f = rng.choice(texts)
+    op = rng.choice(["duplicate", "nul", "not_utf8", "swap"])
+    if op in ("duplicate", "swap"):
+        same = [g for g in texts if g.size == f.size and data[g.offset:g.offset + g.size] != data[f.offset:f.offset + f.size]]
+        if same:
+            g = rng.choice(same)
+            a, b = data[f.offset:f.offset + f.size], data[g.offset:g.offset + g.size]
+            buf[f.offset:f.offset + f.size] = b
+            if op == "swap":
+                buf[g.offset:g.offset + g.size] = a
+            return bytes(buf), f"vocab {op} {a!r} <- {b!r}"
+        op = "nul"  # no other token of this length
+    i = f.offset + rng.randrange(f.size)
+    buf[i] = 0 if op == "nul" else rng.choice([0x80, 0xC0, 0xFF])
+    return bytes(buf), f"vocab {op} at {i} in {data[f.offset:f.offset + f.size]!r}"
 
 
 RUNNER = r"""
@@ -150,15 +176,19 @@ def run_case(path: Path, mode: str, other: str = "-", timeout: float = 60.0) -> 
 
 
 def campaign(src: Path, modes: list[str], cases: int, seed: int, other: str = "-",
-             workdir: Path | None = None) -> dict:
+             workdir: Path | None = None, vocab: bool = False) -> dict:
+    """``cases`` mutations of ``src`` (of its token texts only with ``vocab``), each fed to every mode."""
     data = src.read_bytes()
     layout = parse_layout(data)
+    if vocab and not any(f.kind == "vocab.elem.bytes" for f in layout):
+        raise ValueError(f"{src} has no {VOCAB_KEY.decode()} strings to mutate")
+    mutate_one = mutate_vocab if vocab else mutate
     rng = random.Random(seed)
     work = Path(workdir or tempfile.mkdtemp(prefix="gguf-mutate-"))
     results: dict[str, int] = {}
     failures = []
     for i in range(cases):
-        mutated, what = mutate(data, rng, layout)
+        mutated, what = mutate_one(data, rng, layout)
         p = work / f"case{i}.gguf"
         p.write_bytes(mutated)
         for mode in modes:
@@ -181,8 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--modes", default="model,info", help="comma list of model, assistant, info, verify")
     ap.add_argument("--target", default="-", help="target GGUF for the assistant/verify modes")
+    ap.add_argument("--vocab", action="store_true",
+                    help="mutate only the token texts (duplicates, NUL bytes, bytes that are not UTF-8, swaps)")
     args = ap.parse_args(argv)
-    report = campaign(args.gguf, args.modes.split(","), args.cases, args.seed, args.target)
+    report = campaign(args.gguf, args.modes.split(","), args.cases, args.seed, args.target, vocab=args.vocab)
     print(json.dumps(report, indent=1))
     return 1 if report["failures"] else 0
 
