@@ -253,6 +253,28 @@ def test_variant_this_cpu_cannot_run_is_a_typed_error(venv: Venv, scores: dict[s
     assert "CPUVariantError" in out.stderr and "this CPU cannot run" in out.stderr
 
 
+def test_a_threadpool_drafts_through_the_loaded_cpu_variant(venv: Venv):
+    """The threadpool functions come from the CPU backend's registry (here a dynamically loaded variant
+    module, which libllama does not link): a pool of 2 threads computes an asynchronous draft."""
+    got = venv.run_json("""
+        import json
+        import numpy as np
+        from mtp_bindings import Model
+        from mtp_bindings.models import ASSISTANT, TARGET
+        from mtp_bindings.mtp import graph_stats
+        from mtp_bindings.threadpool import ThreadPool
+        with ThreadPool(2) as pool, Model(TARGET, assistant=ASSISTANT) as m:
+            ctx = m.create_context(n_ctx=128, n_threads=1, embeddings=True)
+            ctx.decode([2, 100, 200, 300], pos=0)
+            tok, h = int(np.argmax(ctx.get_logits(-1))), ctx.get_embeddings(-1)
+            want, _ = ctx.decode_mtp(attn_pos=3, last_token=tok, h_prev=h, n_steps=3)
+            ctx.attach_mtp_threadpool(pool)
+            got, _ = ctx.decode_mtp_async(attn_pos=3, last_token=tok, h_prev=h, n_steps=3).wait()
+            print(json.dumps({"threads": graph_stats(ctx)["n_threads_last"], "same": got.tolist() == want.tolist()}))
+    """)
+    assert got == {"threads": 2, "same": True}
+
+
 # --- rpc-server ---------------------------------------------------------------------------------------
 
 def _free_port() -> int:
