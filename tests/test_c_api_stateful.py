@@ -102,7 +102,7 @@ class Native:
         self.n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.model))
         self.n_embd = lib.llama_model_n_embd(self.model)
         self.ctx = ffi.NULL
-        self.pools: list[ThreadPool] = []  # freed after the context (attached through the C API only)
+        self.pool: ThreadPool | None = None  # the worker's, attached through the C API
 
     def attach(self) -> int:
         return lib.llama_model_load_mtp_from_file(self.model, str(ASSISTANT).encode(), cpu_model_params())
@@ -127,18 +127,19 @@ class Native:
         if self.ctx != ffi.NULL:
             lib.llama_free(self.ctx)
             self.ctx = ffi.NULL
+        self.set_pool(None)
 
-    def new_pool(self, n_threads: int):
-        self.pools.append(ThreadPool(n_threads))
-        return self.pools[-1].ptr
+    def set_pool(self, pool: ThreadPool | None) -> None:
+        """The pool now attached; the one before is freed at once, as its owner may once it is detached."""
+        if self.pool is not None and self.pool is not pool:
+            self.pool.close()
+        self.pool = pool
 
     def close(self) -> None:
         self.free_context()
         if self.model != ffi.NULL:
             lib.llama_model_free(self.model)
             self.model = ffi.NULL
-        for pool in self.pools:
-            pool.close()
 
     @property
     def mem(self):
@@ -445,12 +446,18 @@ class CApiMachine(RuleBasedStateMachine):
     @rule(n_threads=st.sampled_from([0, 1, 2]))
     def attach_a_threadpool(self, n_threads):
         """A threadpool of the asynchronous worker (0: detach it), with or without a request in flight
-        (both wait for it); the drafts of later requests must still be the synchronous call's."""
-        if n_threads == 0:
+        (both wait for it), the pool it replaces freed at once; the drafts of later requests must still be
+        the synchronous call's."""
+        pool = ThreadPool(n_threads) if n_threads else None
+        if pool is None:
             rc = lib.llama_mtp_detach_threadpool(self.n.ctx)
         else:
-            rc = lib.llama_mtp_attach_threadpool(self.n.ctx, self.n.new_pool(n_threads))
+            rc = lib.llama_mtp_attach_threadpool(self.n.ctx, pool.ptr)
         assert rc == (OK if self.attached else NO_ASSISTANT)
+        if rc == OK:
+            self.n.set_pool(pool)
+        elif pool is not None:
+            pool.close()
 
     # --- the context ----------------------------------------------------------------------------
 
@@ -555,3 +562,16 @@ def test_a_full_size_sliding_cache_also_lets_go_of_cells_outside_the_window():
         return (19, 63)
 
     _replay_tail_removals(True, (230, 110), (43, 66), removals_shift_decode)
+
+
+# The threadpool of patch 0027: the CPU backend pauses the pool it had when it is given another, so a pool that
+# was detached and freed before the next request was paused after it was freed (a use after free wherever
+# ggml has its own threads, e.g. the TSAN build of tools/sanitize.sh; with OpenMP the pause does nothing).
+def test_a_detached_threadpool_may_be_freed_before_the_next_request():
+    _run_steps([("start", dict(attach=True, swa_full=True, seed=0, prompt0=8, prompt1=0)),
+                ("attach_a_threadpool", dict(n_threads=2)),
+                ("submit", dict(seq=0, n_steps=4, token=0, offset=0, own_h=True)),
+                ("wait", {}),
+                ("attach_a_threadpool", dict(n_threads=0)),
+                ("submit", dict(seq=0, n_steps=4, token=0, offset=0, own_h=True)),
+                ("wait", {})])

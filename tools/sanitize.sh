@@ -39,7 +39,8 @@ export TSAN_OPTIONS="halt_on_error=0:report_signal_unsafe=0:suppressions=$PWD/$B
 status=${PIPESTATUS[0]}
 
 # 2. the stateful property test: the interpreter is not instrumented, so the sanitizer runtime is preloaded
-#    and the sanitized libllama/ggml are found first (the cffi module's RUNPATH comes after LD_LIBRARY_PATH)
+#    and the sanitized libllama/ggml are found first (the cffi module's RUNPATH comes after LD_LIBRARY_PATH);
+#    pytest does not capture (-s): a passing test's captured output, sanitizer reports included, is dropped
 case "$SAN" in
     *thread*) RUNTIME=$(cc -print-file-name=libtsan.so) ;;
     *address*) RUNTIME=$(cc -print-file-name=libasan.so) ;;
@@ -56,13 +57,13 @@ fi
 set +e
 LD_PRELOAD=$RUNTIME LD_LIBRARY_PATH="$PWD/$BUILD/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:halt_on_error=1 \
-    MTP_C_API_STATEFUL=${MTP_C_API_STATEFUL:-long} "$(dirname "$PYTHON")/pytest" -q -p no:cacheprovider tests/test_c_api_stateful.py \
+    MTP_C_API_STATEFUL=${MTP_C_API_STATEFUL:-long} "$(dirname "$PYTHON")/pytest" -q -s -p no:cacheprovider tests/test_c_api_stateful.py \
     > "$BUILD/stateful.stdout" 2> "$BUILD/stateful.stderr"
 stateful=$?
 set -e
 tail -n 1 "$BUILD/stateful.stdout"
 
-if grep -qE "ERROR: (Address|Leak)Sanitizer|runtime error:|WARNING: ThreadSanitizer" \
+if grep -qE "ERROR: (Address|Leak)Sanitizer|runtime error:|WARNING: ThreadSanitizer|ThreadSanitizer: reported" \
         "$BUILD/sanitize.stderr" "$BUILD/stateful.stderr" "$BUILD/stateful.stdout"; then
     echo "sanitizer reports: see $BUILD/sanitize.stderr and $BUILD/stateful.std{out,err}"
     grep -hE "ERROR:|runtime error:|WARNING: ThreadSanitizer" "$BUILD/sanitize.stderr" "$BUILD/stateful.stderr" \
