@@ -75,6 +75,7 @@ class ThreadPool(NativeHandle):
     def __init__(self, n_threads: int, *, priority: str = "normal", poll: int = DEFAULT_POLL,
                  cpus: Sequence[int] | None = None, strict_cpu: bool = False) -> None:
         self._lock = threading.RLock()
+        self._users: dict[int, Callable[[], None]] = {}
         _check(n_threads, priority, poll, cpus, strict_cpu)
         params = ffi.new("struct ggml_threadpool_params *", lib.ggml_threadpool_params_default(n_threads))
         params.prio = PRIORITIES[priority]
@@ -89,7 +90,6 @@ class ThreadPool(NativeHandle):
         self._ptr = ptr
         self.n_threads = int(_function("ggml_threadpool_get_n_threads")(ptr))
         self.priority, self.poll, self.cpus, self.strict_cpu = priority, poll, list(cpus or ()), strict_cpu
-        self._users: dict[int, Callable[[], None]] = {}
 
     def add_user(self, key: int, detach: Callable[[], None]) -> None:
         """Remember that something computes on this pool; ``detach()`` takes the pool from it."""
