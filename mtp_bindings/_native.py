@@ -139,6 +139,16 @@ def ensure_initialised() -> None:
         atexit.register(_shutdown)
 
 
+def registry_function(registry: str, name: str, signature: str) -> Any | None:
+    """The function ``name`` of the ggml backend registry ``registry``, cast to ``signature``; None when
+    the build has no such registry or function. The way to reach what a backend does not export, or
+    what lives in a dynamically loaded backend module (a portable build's CPU variants)."""
+    ensure_initialised()
+    reg = lib.ggml_backend_reg_by_name(registry.encode())
+    proc = ffi.NULL if reg == ffi.NULL else lib.ggml_backend_reg_get_proc_address(reg, name.encode())
+    return None if proc == ffi.NULL else ffi.cast(signature, proc)
+
+
 def cpu_variant() -> str | None:
     """The CPU variant this process runs (``"haswell"``, ...) in a portable build (a wheel); None in
     a native build, whose one CPU backend was compiled for the machine that built it."""

@@ -185,11 +185,10 @@ def _probe(endpoint: str, address: tuple[str, int], deadline: float, timeout: fl
 
 def _rpc_add_server() -> Any:
     """ggml's ``ggml_backend_rpc_add_server``, found through the RPC registry (it is not exported)."""
-    reg = lib.ggml_backend_reg_by_name(RPC_REGISTRY.encode())
-    proc = ffi.NULL if reg == ffi.NULL else lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server")
-    if proc == ffi.NULL:
+    fn = _native.registry_function(RPC_REGISTRY, "ggml_backend_rpc_add_server", "ggml_backend_reg_t (*)(const char *)")
+    if fn is None:
         raise RPCServerError("this build of llama.cpp has no RPC backend (GGML_RPC)")
-    return ffi.cast("ggml_backend_reg_t (*)(const char *)", proc)
+    return fn
 
 
 def _register(endpoint: str, timeout: float) -> tuple[str, ...]:

@@ -130,7 +130,7 @@ class MTPSession:
         ctx.on_close(self.discard)
         ctx.on_close(self._forget_threadpool)  # a freed context no longer computes on its pool
 
-    def set_threadpool(self, pool: ThreadPool | None, detach: Callable[[], None]) -> None:
+    def set_threadpool(self, pool: ThreadPool | None, detach: Callable[[], None] | None = None) -> None:
         """Asynchronous drafting computes on ``pool``'s threads (None: on the set count again);
         ``detach()`` is what the pool calls when it is closed first."""
         if pool is not None and not isinstance(pool, ThreadPool):
@@ -147,6 +147,7 @@ class MTPSession:
                 self.threadpool.remove_user(id(self))
             self.threadpool = pool
             if pool is not None:
+                assert detach is not None
                 pool.add_user(id(self), detach)
 
     def _forget_threadpool(self) -> None:
@@ -278,7 +279,7 @@ class MTPContext(Context):
         context has nothing to detach."""
         with self._lock:
             if not self.closed:
-                session_of(self).set_threadpool(None, self.detach_mtp_threadpool)
+                session_of(self).set_threadpool(None)
 
     def decode_mtp(self, *, seq_id: int = 0, attn_pos: int, last_token: int, h_prev: np.ndarray, n_steps: int,
                    return_logits: bool = False) -> tuple[np.ndarray, ...]:

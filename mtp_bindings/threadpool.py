@@ -39,12 +39,10 @@ _SIGNATURES = {"ggml_threadpool_new": "struct ggml_threadpool * (*)(struct ggml_
 def _function(name: str) -> Any:
     """A threadpool function of the CPU backend's registry."""
     if name not in _FUNCTIONS:
-        _native.ensure_initialised()
-        reg = lib.ggml_backend_reg_by_name(b"CPU")
-        proc = ffi.NULL if reg == ffi.NULL else lib.ggml_backend_reg_get_proc_address(reg, name.encode())
-        if proc == ffi.NULL:
+        fn = _native.registry_function("CPU", name, _SIGNATURES[name])
+        if fn is None:
             raise MTPBindingsError(f"the CPU backend does not provide {name}")
-        _FUNCTIONS[name] = ffi.cast(_SIGNATURES[name], proc)
+        _FUNCTIONS[name] = fn
     return _FUNCTIONS[name]
 
 

@@ -121,10 +121,11 @@ def mutate_vocab(data: bytes, rng: random.Random, layout: list[Field]) -> tuple[
     f = rng.choice(texts)
     op = rng.choice(["duplicate", "nul", "not_utf8", "swap"])
     if op in ("duplicate", "swap"):
-        same = [g for g in texts if g.size == f.size and data[g.offset:g.offset + g.size] != data[f.offset:f.offset + f.size]]
+        text = data[f.offset:f.offset + f.size]
+        same = [g for g in texts if g.size == f.size and data[g.offset:g.offset + g.size] != text]
         if same:
             g = rng.choice(same)
-            a, b = data[f.offset:f.offset + f.size], data[g.offset:g.offset + g.size]
+            a, b = text, data[g.offset:g.offset + g.size]
             buf[f.offset:f.offset + f.size] = b
             if op == "swap":
                 buf[g.offset:g.offset + g.size] = a
