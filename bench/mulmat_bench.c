@@ -10,9 +10,13 @@
 // accumulation) and reports the normalized mean squared error that test-backend-ops uses
 // (threshold 5e-4 for MUL_MAT); the exit status is 1 when one is over the threshold.
 //
+// --invariance computes every column of every n-column product again as a product of its own (one
+// column, the same graph shape a single-token decode has) and counts the floats whose bits differ
+// ("mismatches"); the exit status is 1 when one does. A batch-invariant kernel has none.
+//
 // build: cc -O2 -std=c11 mulmat_bench.c -I<ggml include> -L<lib> -lggml -lggml-base -lggml-cpu -lm
 // usage: mulmat_bench --type q8_0 --shape 262144x1536 --shape 6144x1536 --n 1,2,3,4,5,6,7,8
-//                     [--threads 2] [--rounds 7] [--plain] [--check] [--seed 1]
+//                     [--threads 2] [--rounds 7] [--plain] [--check] [--invariance] [--seed 1]
 // output: one JSON object on stdout.
 
 #define _POSIX_C_SOURCE 199309L
@@ -180,6 +184,39 @@ static double check_product(const struct weight * wt, enum ggml_type type, const
     return err / ref2;
 }
 
+// floats of the n-column product whose bits differ from the same column computed alone
+static int64_t count_mismatches(ggml_backend_t backend, const struct weight * wt, const struct config * c) {
+    const int64_t rows = wt->shape.rows;
+    const int64_t cols = wt->shape.cols;
+    struct ggml_init_params gp = { 16 * ggml_tensor_overhead() + ggml_graph_overhead(), NULL, true };
+    struct ggml_context * ctx = ggml_init(gp);
+    struct ggml_tensor * x1 = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, cols, 1);
+    struct ggml_tensor * y1 = ggml_mul_mat(ctx, wt->w, x1);
+    struct ggml_cgraph * graph = ggml_new_graph(ctx);
+    ggml_build_forward_expand(graph, y1);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+    float * x = malloc(sizeof(float) * cols * c->n);
+    float * y = malloc(sizeof(float) * rows * c->n);
+    float * col = malloc(sizeof(float) * rows);
+    ggml_backend_tensor_get(c->x, x, 0, sizeof(float) * cols * c->n);
+    ggml_backend_tensor_get(c->y, y, 0, sizeof(float) * rows * c->n);
+    int64_t bad = 0;
+    for (int j = 0; j < c->n; j++) {
+        ggml_backend_tensor_set(x1, x + j * cols, 0, sizeof(float) * cols);
+        ggml_backend_graph_compute(backend, graph);
+        ggml_backend_tensor_get(y1, col, 0, sizeof(float) * rows);
+        for (int64_t r = 0; r < rows; r++) {
+            bad += memcmp(&col[r], &y[j * rows + r], sizeof(float)) != 0;
+        }
+    }
+    free(x);
+    free(y);
+    free(col);
+    ggml_backend_buffer_free(buf);
+    ggml_free(ctx);
+    return bad;
+}
+
 static int parse_list(const char * s, int * out, int max) {
     int n = 0;
     while (*s && n < max) {
@@ -195,7 +232,7 @@ static int parse_list(const char * s, int * out, int max) {
 
 static void usage(void) {
     fprintf(stderr, "usage: mulmat_bench --type f16|q8_0|q4_K --shape ROWSxCOLS [--shape ...] --n 1,2,...\n"
-                    "                    [--threads 2] [--rounds 7] [--warmup 2] [--plain | --buft NAME] [--check] [--seed 1]\n");
+                    "                    [--threads 2] [--rounds 7] [--warmup 2] [--plain | --buft NAME] [--check] [--invariance] [--seed 1]\n");
     exit(2);
 }
 
@@ -211,6 +248,7 @@ int main(int argc, char ** argv) {
     int warmup = 2;
     int plain = 0;
     int check = 0;
+    int invariance = 0;
     const char * want_buft = NULL;
 
     for (int i = 1; i < argc; i++) {
@@ -218,6 +256,7 @@ int main(int argc, char ** argv) {
         const char * v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--plain")) { plain = 1; continue; }
         if (!strcmp(a, "--check")) { check = 1; continue; }
+        if (!strcmp(a, "--invariance")) { invariance = 1; continue; }
         if (!v) { usage(); }
         i++;
         if (!strcmp(a, "--type")) {
@@ -228,6 +267,8 @@ int main(int argc, char ** argv) {
             else if (!strcmp(v, "f32"))  type = GGML_TYPE_F32;
             else if (!strcmp(v, "q4_0")) type = GGML_TYPE_Q4_0;
             else if (!strcmp(v, "q6_K")) type = GGML_TYPE_Q6_K;
+            else if (!strcmp(v, "q5_K")) type = GGML_TYPE_Q5_K;
+            else if (!strcmp(v, "bf16")) type = GGML_TYPE_BF16;
             else usage();
         } else if (!strcmp(a, "--shape")) {
             if (n_shapes == MAX_SHAPES || sscanf(v, "%" SCNd64 "x%" SCNd64, &shapes[n_shapes].rows, &shapes[n_shapes].cols) != 2) {
@@ -319,6 +360,11 @@ int main(int argc, char ** argv) {
                 const double nmse = check_product(wt, type, cf);
                 bad |= !(nmse <= 5e-4);
                 printf(", \"nmse\": %.3e", nmse);
+            }
+            if (invariance) {
+                const int64_t mismatches = count_mismatches(backend, wt, cf);
+                bad |= mismatches != 0;
+                printf(", \"mismatches\": %" PRId64, mismatches);
             }
             printf("}");
         }
