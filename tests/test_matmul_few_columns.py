@@ -1,13 +1,16 @@
-"""Matrix products with few input columns (patches 0100-0101, issue 8).
+"""Matrix products with few input columns (patches 0100-0101, 0104, 0108-0109; issues 8 and 23).
 
 * ggml alone: every product of f16, q8_0, q4_K and q6_K weights with n = 1..8 columns (and a few more)
   agrees with a naive reference on the dequantized weights within test-backend-ops' MUL_MAT
   tolerance (NMSE 5e-4), in every weight layout the CPU backend has here (AMX / repacked / plain),
   checked by ``bench/mulmat_bench.c --check``.
-* Through the Python API: a decode of n = 2..8 tokens gives the logits of n single-token decodes
-  (the verify batch of a speculative round must score like the draft steps) for small f16, q8_0,
-  q4_K and q4_K_M (Q6_K LM head and half of ffn_down, patch 0104) Gemma 4 targets whose widths reach
-  every few-column kernel.
+* ggml alone: each column of an n-column product (n = 1..8) has the bits of the same column multiplied
+  alone, for every weight type a Gemma 4 GGUF holds and every layout (``mulmat_bench --invariance``):
+  the verify batch of a speculative round rounds like the single-token decodes it stands for.
+* Through the Python API: a decode of n = 2..8 tokens gives exactly the logits of n single-token
+  decodes, for small f16, q8_0, q4_K and q4_K_M (Q6_K LM head and half of ffn_down) Gemma 4 targets whose
+  widths reach every few-column kernel, with llama.cpp's repacked layouts (AMX where the CPU has it) and
+  without them (``repack=False``, the plain kernels).
 
 Both run in subprocesses, so that a kernel fault fails a test instead of killing pytest.
 """
@@ -34,6 +37,9 @@ SHAPES = {  # rows x cols: AMX wants rows % 32 (else repacked or plain), q4_K co
     "q6_K": ["64x256", "544x512", "2048x1536", "40x256"],
 }
 LAYOUTS = {"chosen": [], "plain": ["--plain"], "repacked": ["--buft", "CPU_REPACK"]}
+# every weight type of a Gemma 4 GGUF (Q4_K_M: q4_K, q6_K, some q5_K; q8_0, f16 and bf16 files)
+INVARIANCE_TYPES = ["f16", "bf16", "q8_0", "q4_K", "q5_K", "q6_K"]
+INVARIANCE_SHAPES = ["64x256", "544x512", "2048x1536"]
 
 
 def _exit_reason(rc: int) -> str:
@@ -62,6 +68,22 @@ def test_products_match_reference(mulmat_bench: Path, wtype: str, layout: str) -
     assert res.returncode == 0
 
 
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("wtype", INVARIANCE_TYPES)
+def test_each_column_of_a_few_column_product_has_the_bits_of_its_single_column_product(
+        mulmat_bench: Path, wtype: str, layout: str) -> None:
+    cmd = [str(mulmat_bench), "--type", wtype, "--n", "1,2,3,4,5,6,7,8", "--rounds", "1", "--warmup", "0",
+           "--invariance", *LAYOUTS[layout]]
+    for shape in INVARIANCE_SHAPES:
+        cmd += ["--shape", shape]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode in (0, 1), f"mulmat_bench {_exit_reason(res.returncode)}: {res.stderr[-1000:]}"
+    results = json.loads(res.stdout)["results"]
+    bad = [f"{r['rows']}x{r['cols']} n={r['n']} ({r['buft']}): {r['mismatches']} floats differ"
+           for r in results if r["mismatches"]]
+    assert not bad, "batch-dependent rounding: " + "; ".join(bad)
+
+
 # ----------------------------------------------------------------------------------------------
 # through the Python API
 # ----------------------------------------------------------------------------------------------
@@ -71,9 +93,9 @@ import json, sys
 import numpy as np
 from mtp_bindings import Model
 
-path, prefix, n_max = sys.argv[1], 4, 8
-model = Model(path)
-ctx = model.create_context(n_ctx=128, n_batch=32, n_ubatch=32, n_threads=2)
+path, repack, prefix, flash_attn, n_max = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), sys.argv[4], 8
+model = Model(path, repack=repack)
+ctx = model.create_context(n_ctx=1024, n_batch=32, n_ubatch=32, n_threads=2, flash_attn=flash_attn)
 tokens = np.random.default_rng(3).integers(10, 1000, size=prefix + n_max).astype(np.int32)
 for i in range(prefix + n_max):  # one token at a time: the draft steps
     ctx.decode(tokens[i:i + 1], pos=i, logits="last")
@@ -89,7 +111,7 @@ for n in range(2, n_max + 1):  # the verify batch
     batch = ctx.get_logits_all()
     ref = single[:n]
     out[n] = {"rel": float(np.abs(batch - ref).max() / np.abs(ref).max()),
-              "argmax_same": bool((batch.argmax(1) == ref.argmax(1)).all())}
+              "identical": bool(np.array_equal(batch, ref))}
 print(json.dumps(out))
 """
 
@@ -109,12 +131,19 @@ def small_targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
+# 600 cells: past 512, where flash attention over one query row splits the KV in chunks (0105)
+# flash attention is off by default (params.resolve_flash_attn); on the CPU its n-row path still rounds
+# differently from its one-row path (measured: 3.6e-4 .. 1.2e-2 relative), issue 23 item 2, not yet here
+@pytest.mark.parametrize("flash_attn", ["off"])
+@pytest.mark.parametrize("prefix", [4, 600])
+@pytest.mark.parametrize("repack", [True, False], ids=["repacked", "plain"])
 @pytest.mark.parametrize("wtype", ["f16", "q8_0", "q4_K", "q4_K_M"])
-def test_batched_decode_matches_single_steps(small_targets: dict[str, Path], wtype: str) -> None:
-    res = subprocess.run([sys.executable, "-c", CHILD, str(small_targets[wtype])], capture_output=True,
-                         text=True, timeout=300, cwd=REPO / "tests")
+def test_a_batched_decode_gives_exactly_the_logits_of_single_steps(
+        small_targets: dict[str, Path], wtype: str, repack: bool, prefix: int, flash_attn: str) -> None:
+    res = subprocess.run([sys.executable, "-c", CHILD, str(small_targets[wtype]), "1" if repack else "0",
+                          str(prefix), flash_attn],
+                         capture_output=True, text=True, timeout=300, cwd=REPO / "tests")
     assert res.returncode == 0, f"decode {_exit_reason(res.returncode)}: {res.stderr[-1500:]}"
     out = json.loads(res.stdout)
-    for n, r in out.items():
-        assert r["argmax_same"], f"{wtype}: decode of {n} tokens changes the greedy token"
-        assert r["rel"] < 1e-3, f"{wtype}: decode of {n} tokens is {r['rel']:.2e} off the single steps"
+    bad = [f"n={n}: max relative difference {r['rel']:.2e}" for n, r in out.items() if not r["identical"]]
+    assert not bad, f"{wtype}: a batched decode rounds differently from single steps: " + "; ".join(bad)
