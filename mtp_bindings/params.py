@@ -171,9 +171,11 @@ def resolve_flash_attn(flash_attn: str, type_v: str) -> str:
     """``auto`` means off unless the V cache is quantized (which needs flash attention).
 
     Why off: speculative verification decodes k+1 tokens at once and must give the logits a
-    one-token decode gives. Without flash attention llama.cpp's CPU path agrees to ~1e-6
-    between the two; its CPU flash attention does not (2.7e-3 measured on the keqv fixture),
-    which flips greedy near-ties and breaks "MTP output == plain output"."""
+    one-token decode gives. Without flash attention the CPU path gives exactly those logits (every
+    kernel of a decode of 1..8 tokens is batch-invariant: patches 0101, 0104, 0108-0110,
+    ``tests/test_matmul_few_columns.py``); its CPU flash attention does not yet (up to 1.2e-2
+    relative, measured there), which can flip greedy near-ties and break "MTP output == plain
+    output"."""
     if flash_attn != "auto":
         return flash_attn
     return "on" if type_v not in UNQUANTIZED_KV else "off"
