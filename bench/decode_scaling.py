@@ -59,7 +59,7 @@ TOKENIZER_SOURCE = REPO / "tests" / "fixtures" / "dense-target.gguf"
 DEFAULT_CACHE = Path(os.environ.get("MTP_BENCH_CACHE", Path.home() / ".cache" / "mtp-bindings" / "decode-scaling"))
 
 E2B = Dims()  # Gemma 4 E2B widths (the text decoder), 4 layers: the model writer's defaults
-TYPES = ("f16", "q8_0", "q4_K")
+TYPES = ("f16", "q8_0", "q4_K", "q4_K_M")  # q4_K_M: Q6_K LM head and part of ffn_down, as published files
 SEED = TARGET_SEED
 
 
