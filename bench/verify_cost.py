@@ -76,12 +76,14 @@ def markdown(result: dict[str, Any]) -> str:
     for wtype, per_variant in result["types"].items():
         ns = sorted(next(iter(per_variant.values()))["ratio_to_n1"], key=int)
         lines += [f"## {wtype}", "",
-                  "| variant | decode(1) ms | share of read bandwidth | " + " | ".join(f"n={n}" for n in ns[1:]) + " |",
-                  "|---|---:|---:|" + "---:|" * (len(ns) - 1)]
+                  "| variant | decode(1) ms | share of read bandwidth | " + " | ".join(f"n={n}" for n in ns[1:])
+                  + " | prompt of 512, ms |",
+                  "|---|---:|---:|" + "---:|" * (len(ns) - 1) + "---:|"]
         for v, e in per_variant.items():
             share = e["bandwidth_share"]
             cells = [f"{e['ratio_to_n1'][n]:.2f}" if e["ratio_to_n1"][n] else "-" for n in ns[1:]]
-            lines.append(f"| {v} | {e['decode_ms']['1']:.1f} | {share:.0%} | " + " | ".join(cells) + " |")
+            pp = f"{e['pp_ms']:.0f}" if e.get("pp_ms") else "-"
+            lines.append(f"| {v} | {e['decode_ms']['1']:.1f} | {share:.0%} | " + " | ".join(cells) + f" | {pp} |")
         lines.append("")
     return "\n".join(lines)
 
