@@ -170,12 +170,11 @@ def check_draft_overrides(draft_n_max: int | None = None, skip_streak: int | Non
 def resolve_flash_attn(flash_attn: str, type_v: str) -> str:
     """``auto`` means off unless the V cache is quantized (which needs flash attention).
 
-    Why off: speculative verification decodes k+1 tokens at once and must give the logits a
-    one-token decode gives. Without flash attention the CPU path gives exactly those logits (every
-    kernel of a decode of 1..8 tokens is batch-invariant: patches 0101, 0104, 0108-0110,
-    ``tests/test_matmul_few_columns.py``); its CPU flash attention does not yet (up to 1.2e-2
-    relative, measured there), which can flip greedy near-ties and break "MTP output == plain
-    output"."""
+    Speculative verification decodes k+1 tokens at once and must give the logits a one-token
+    decode gives; on the CPU it does, bit for bit, with flash attention off and on (every kernel of a
+    decode of 1..8 tokens is batch-invariant: patches 0101, 0104, 0105, 0108-0111,
+    ``tests/test_matmul_few_columns.py``). Off stays the default because it was, before 0111, the
+    only way to keep "MTP output == plain output"; on is equally exact now."""
     if flash_attn != "auto":
         return flash_attn
     return "on" if type_v not in UNQUANTIZED_KV else "off"

@@ -1,4 +1,4 @@
-"""Matrix products with few input columns (patches 0100-0101, 0104, 0108-0109; issues 8 and 23).
+"""Matrix products and attention with few input columns (patches 0100-0101, 0104, 0108-0111; issues 8, 23).
 
 * ggml alone: every product of f16, q8_0, q4_K and q6_K weights with n = 1..8 columns (and a few more)
   agrees with a naive reference on the dequantized weights within test-backend-ops' MUL_MAT
@@ -10,7 +10,9 @@
 * Through the Python API: a decode of n = 2..8 tokens gives exactly the logits of n single-token
   decodes, for small f16, q8_0, q4_K and q4_K_M (Q6_K LM head and half of ffn_down) Gemma 4 targets whose
   widths reach every few-column kernel, with llama.cpp's repacked layouts (AMX where the CPU has it) and
-  without them (``repack=False``, the plain kernels).
+  without them (``repack=False``, the plain kernels), with flash attention off and on.
+* ggml alone: flash attention over n = 1..8 query rows gives each row the bits of that row alone
+  (``tests/c/fa_rows.c``), under and past 512 KV cells.
 
 Both run in subprocesses, so that a kernel fault fails a test instead of killing pytest.
 """
@@ -84,6 +86,23 @@ def test_each_column_of_a_few_column_product_has_the_bits_of_its_single_column_p
     assert not bad, "batch-dependent rounding: " + "; ".join(bad)
 
 
+@pytest.fixture(scope="module")
+def fa_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return compile_ggml_program(REPO / "tests" / "c" / "fa_rows.c", tmp_path_factory.mktemp("fa"))
+
+
+@pytest.mark.parametrize("shape", [
+    ["--n-kv", "256", "--used", "40"],
+    ["--n-kv", "768", "--used", "600"],  # past 512 cells: the split-KV path
+    ["--n-kv", "2048", "--used", "1500", "--heads", "8", "--kv-heads", "2", "--dk", "256", "--threads", "1"],
+], ids=["256-cells", "768-cells", "2048-cells-gqa-1-thread"])
+def test_flash_attention_gives_each_of_a_few_query_rows_the_bits_of_that_row_alone(fa_rows: Path, shape) -> None:
+    res = subprocess.run([str(fa_rows), *shape], capture_output=True, text=True, timeout=120)
+    assert res.returncode in (0, 1), f"fa_rows {_exit_reason(res.returncode)}: {res.stderr[-1000:]}"
+    bad = [f"n={r['n']}: {r['mismatches']} floats differ" for r in json.loads(res.stdout)["results"] if r["mismatches"]]
+    assert not bad, "flash attention rounds with the batch: " + "; ".join(bad)
+
+
 # ----------------------------------------------------------------------------------------------
 # through the Python API
 # ----------------------------------------------------------------------------------------------
@@ -132,9 +151,9 @@ def small_targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 # 600 cells: past 512, where flash attention over one query row splits the KV in chunks (0105)
-# flash attention is off by default (params.resolve_flash_attn); on the CPU its n-row path still rounds
-# differently from its one-row path (measured: 3.6e-4 .. 1.2e-2 relative), issue 23 item 2, not yet here
-@pytest.mark.parametrize("flash_attn", ["off"])
+# with flash attention too (off by default, forced on by a quantized V cache): past 512 cells one row splits
+# the KV in chunks (0105), and 2..8 rows split it the same way (0111)
+@pytest.mark.parametrize("flash_attn", ["off", "on"])
 @pytest.mark.parametrize("prefix", [4, 600])
 @pytest.mark.parametrize("repack", [True, False], ids=["repacked", "plain"])
 @pytest.mark.parametrize("wtype", ["f16", "q8_0", "q4_K", "q4_K_M"])
