@@ -35,8 +35,9 @@ install-test: $(VENV)/.installed-test
 demo: install
 	$(RUN) mtp-bindings demo
 
+# --durations: the slowest tests in the output, to keep the suite within CI's budget
 test: install-test
-	$(RUN) pytest
+	$(RUN) pytest --durations=25
 
 bench: install-test
 	$(RUN) mtp-bindings bench

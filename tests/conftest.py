@@ -23,7 +23,7 @@ TIERS: dict[str, tuple[str, ...]] = {
              "test_gemma4_chat.py"),
     "capi": ("test_c_api.py", "test_c_api_stateful.py", "test_struct_layout.py", "test_native_errors.py",
              "test_matmul_few_columns.py", "test_vector_tanh.py", "test_malformed_files.py", "test_shared_cpu.py",
-             "test_threads.py"),
+             "test_threads.py", "test_cpu_variants.py"),
     "bindings": ("test_model.py", "test_mtp_api.py", "test_mtp_threads.py", "test_layer_hooks.py", "test_resources.py",
                  "test_bad_input.py"),
     "generation": ("test_generate.py", "test_speculative.py", "test_logprobs.py", "test_hf_reference.py",

@@ -24,6 +24,7 @@ for name in "$@"; do
         *) echo "unknown variant $name (native haswell skylakex icelake zen4 alderlake)" >&2; exit 2 ;;
     esac
     out=build/cpu-variants/$name
+    mkdir -p build/cpu-variants
     # shellcheck disable=SC2086
     cmake -S "$SRC" -B "$out" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
           -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF $flags > "$out.cmake.log" 2>&1 \
