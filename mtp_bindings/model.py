@@ -198,9 +198,9 @@ class LlamaModel(NativeHandle):
             _native.raise_native(ModelLoadError, f"failed to load model {self.path}",
                                  fallback="llama.cpp could not load it")
         self._ptr = ptr
-        self._vocab = lib.llama_model_get_vocab(ptr)
+        self._vocab_ptr = lib.llama_model_get_vocab(ptr)
         self.vocab_only = vocab_only
-        self._n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
+        self._n_vocab = int(lib.llama_vocab_n_tokens(self._vocab_ptr))
         self._piece_cache: dict[int, bytes] = {}
         if logger.isEnabledFor(logging.INFO):
             logger.info("loaded %s: %s", self.path, self.summary())
@@ -294,24 +294,30 @@ class LlamaModel(NativeHandle):
     # --- vocabulary -----------------------------------------------------------------------------
 
     @property
+    def vocab(self) -> Any:
+        """The native vocabulary (freed with the model: a closed model raises ``ModelLoadError``)."""
+        self.ptr  # noqa: B018 (raises once closed)
+        return self._vocab_ptr
+
+    @property
     def token_bos(self) -> int:
-        return int(lib.llama_vocab_bos(self._vocab))
+        return int(lib.llama_vocab_bos(self.vocab))
 
     @property
     def token_eos(self) -> int:
-        return int(lib.llama_vocab_eos(self._vocab))
+        return int(lib.llama_vocab_eos(self.vocab))
 
     @property
     def token_eot(self) -> int:
-        return int(lib.llama_vocab_eot(self._vocab))
+        return int(lib.llama_vocab_eot(self.vocab))
 
     @property
     def add_bos(self) -> bool:
-        return bool(lib.llama_vocab_get_add_bos(self._vocab))
+        return bool(lib.llama_vocab_get_add_bos(self.vocab))
 
     def is_eog(self, token: int) -> bool:
         """True for end-of-generation tokens (EOS, EOT, ...)."""
-        return bool(lib.llama_vocab_is_eog(self._vocab, token))
+        return bool(lib.llama_vocab_is_eog(self.vocab, token))
 
     def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Text -> token ids. ``add_special`` adds BOS when the model wants it; ``parse_special``
@@ -325,7 +331,7 @@ class LlamaModel(NativeHandle):
         if len(data) >= 2**31 - 1:
             raise TokenizeError("text too long to tokenize")
         def fill(buf: Any, n_max: int) -> int:
-            n = lib.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+            n = lib.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
             if n == -(2**31):
                 raise TokenizeError("tokenization overflowed int32")
             return n
@@ -355,7 +361,7 @@ class LlamaModel(NativeHandle):
         if cached is not None:
             return cached
         self.check_tokens([token])
-        buf, n = read_grown("char[]", 32, lambda b, size: lib.llama_token_to_piece(self._vocab, token, b, size, 0, special),
+        buf, n = read_grown("char[]", 32, lambda b, size: lib.llama_token_to_piece(self.vocab, token, b, size, 0, special),
                             negative_needs)
         piece = ffi.unpack(buf, n)
         self._piece_cache[key] = piece
@@ -367,7 +373,7 @@ class LlamaModel(NativeHandle):
         n_tokens = int(arr.size)
         size = max(16, n_tokens * 8)
         cbuf = ffi.from_buffer("llama_token[]", np.ascontiguousarray(arr))
-        buf, n = read_grown("char[]", size, lambda b, m: lib.llama_detokenize(self._vocab, cbuf, n_tokens, b, m, False, special),
+        buf, n = read_grown("char[]", size, lambda b, m: lib.llama_detokenize(self.vocab, cbuf, n_tokens, b, m, False, special),
                             negative_needs)
         return ffi.unpack(buf, n).decode("utf-8", errors="replace")
 
