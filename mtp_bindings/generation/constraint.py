@@ -128,7 +128,7 @@ class _Vocabulary:
     def __init__(self, model: LlamaModel) -> None:
         from .._native import lib
 
-        vocab = model._vocab  # noqa: SLF001 (the vocabulary's attributes are not public API)
+        vocab = model.vocab  # raises once the model is closed
         self.tokens: list[bytes] = []
         self.special_token_ids: list[int] = []
         for tok in range(model.n_vocab):
