@@ -69,7 +69,7 @@ def summarize(decode: dict[str, Any], models: dict[str, Path], gb_s: float) -> d
 
 def markdown(result: dict[str, Any]) -> str:
     m = result["meta"]
-    lines = [f"# Verify cost: decode(n) / decode(1)", "",
+    lines = ["# Verify cost: decode(n) / decode(1)", "",
              f"{m['cpu']}, {m['threads']} threads, streaming read {m['stream_gb_s']:.1f} GB/s; {m['date']}; "
              f"E2B-width targets of decode_scaling.py (4 layers, vocab 262144); medians of {m['rounds']} "
              "interleaved rounds.", ""]

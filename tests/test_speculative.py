@@ -20,9 +20,9 @@ PROMPTS = ["def main(argv):\n", "import os\nimport sys\n", "class Queue:\n    de
            "x = {'a': 1, 'b': [2, 3]}\n", "    return self._data[key]\n"]
 
 
-def assert_same_greedy(model, ctx, prompt, plain, spec, label) -> None:
+def assert_same_greedy(plain, spec, label) -> None:
     """``spec`` equals ``plain`` token for token: a verify batch rounds each row as the one-token decode
-    it stands for (patches 0101, 0104, 0108, 0109: every CPU kernel of a decode is batch-invariant), so
+    it stands for (patches 0101, 0104, 0105, 0108-0111: every CPU kernel of a decode is batch-invariant), so
     MTP at temperature 0 is plain greedy decoding exactly, near-ties included."""
     if spec.tokens != plain.tokens:
         j = next((i for i, (a, b) in enumerate(zip(plain.tokens, spec.tokens)) if a != b),
@@ -59,7 +59,7 @@ def test_greedy_mtp_equals_plain_greedy(pair, prompt, draft_n_max, depth2):
     assume(len(plain.tokens) > 1)
     spec = model.generate(prompt, max_tokens=40, draft_n_max=draft_n_max, depth2=depth2, context=ctx)
     assert spec.stats.n_drafted > 0
-    assert_same_greedy(model, ctx, prompt, plain, spec, name)
+    assert_same_greedy(plain, spec, name)
 
 
 @pytest.mark.parametrize("depth2", [True, False])
@@ -69,7 +69,7 @@ def test_trained_pair_greedy_mtp_equals_plain(trained, depth2):
         plain = model.generate(prompt, max_tokens=64, draft_n_max=0, context=ctx)
         for n in (1, 2, 3, 4):
             spec = model.generate(prompt, max_tokens=64, draft_n_max=n, depth2=depth2, context=ctx)
-            assert_same_greedy(model, ctx, prompt, plain, spec, (prompt, n))
+            assert_same_greedy(plain, spec, (prompt, n))
 
 
 def _continuations(model, ctx, n_samples, draft_n_max, seed, verify=None):
