@@ -35,10 +35,12 @@ def draft_params(draft_n_max: int | None = None, depth2: bool | None = None, ski
                  preset: str | None = None, h_idx: str = "accepted", ignore_eos: bool = False,
                  cache_prompt: bool = DraftParams.cache_prompt) -> DraftParams:
     """The drafting settings of a generation: what is given, else the environment's
-    (``LLAMA_PIPELINE_DEPTH2``, ``LLAMA_MTP_SKIP_STREAK_THRESHOLD``), else the preset's."""
+    (``LLAMA_PIPELINE_DEPTH2``, ``LLAMA_MTP_SKIP_STREAK_THRESHOLD``), else the preset's. A
+    ``draft_n_max`` given without a preset is a fixed count; with the ``auto`` preset, its ceiling."""
     base = resolve_preset(preset)
     opts = DraftParams(
         draft_n_max=base.draft_n_max if draft_n_max is None else draft_n_max,
+        auto=base.auto and (draft_n_max is None or preset is not None),
         depth2=env_depth2() if depth2 is None else bool(depth2),
         skip_streak=env_skip_streak(base.skip_streak) if skip_streak is None else skip_streak,
         h_idx=h_idx,
@@ -99,8 +101,10 @@ def generate(
     ``logit_bias`` (token id -> added logit); each left None takes
     :class:`~mtp_bindings.params.SamplingParams`' default, or ``sampling``'s value when a whole
     ``SamplingParams`` is given.
-    Drafting: ``draft_n_max`` tokens per round (0 = plain decoding; default from ``preset``,
-    see :mod:`.presets`), ``depth2`` overlap (default on; ``LLAMA_PIPELINE_DEPTH2=0`` turns it
+    Drafting: ``preset`` (default ``auto``: each round drafts the count, up to ``draft_n_max``,
+    with the most expected tokens/s on this context, see :mod:`.controller`; the others are fixed
+    counts, see :mod:`mtp_bindings.presets`), or ``draft_n_max`` alone, a fixed count of tokens
+    per round (0 = plain decoding), ``depth2`` overlap (default on; ``LLAMA_PIPELINE_DEPTH2=0`` turns it
     off), ``skip_streak`` threshold (``LLAMA_MTP_SKIP_STREAK_THRESHOLD``), ``trace`` (a path, a
     file, or ``LLAMA_MTP_ACC_TRACE``). Output is lossless: the same distribution as plain
     sampling, and at temperature 0 the same tokens as plain greedy decoding.

@@ -1,4 +1,5 @@
-"""The round loop: it only orchestrates. Each round a drafter proposes ``k`` tokens, the verifier
+"""The round loop: it only orchestrates. Each round a policy picks ``k`` (:mod:`.controller`: fixed or
+``auto``), a drafter proposes ``k`` tokens, the verifier
 decodes ``[last token] + drafts`` in one target decode, the rejection sampler keeps a prefix and
 draws the next token, the verifier rolls the KV back past it, and the drafter hears the outcome
 (and, with depth-2, starts drafting the next round while the caller handles these tokens).
@@ -14,6 +15,7 @@ import numpy as np
 from ..context import Context
 from ..params import DraftParams
 from .constraint import TokenConstraint
+from .controller import RoundCost, make_draft_count
 from .drafter import Proposal, make_drafter
 from .logprobs import LogprobRecorder
 from .prefill import PromptProgress, prefill
@@ -49,6 +51,7 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
     drafting = opts.draft_n_max > 0 and model.has_assistant  # type: ignore[attr-defined]
     draft_n_max = opts.draft_n_max if drafting else 0
     drafter = make_drafter(ctx, drafting, seq_id, opts.depth2, opts.skip_streak)
+    counts = make_draft_count(ctx, drafting, draft_n_max, opts.auto)
     verifier = Verifier(ctx, seq_id, opts.h_idx, hidden=drafting)
     rejection = RejectionSampler(sampler, constraint)
     trace = tracer.enabled and drafting
@@ -79,11 +82,13 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
             stats.hit_eog = True
             yield [x]
             return
-        drafter.prepare_next(attn_pos, x, h, plan(draft_n_max, max_tokens - 1, attn_pos, n_ctx))
+        # each round's k is chosen once, before depth-2 submits its drafting
+        k = plan(counts.choose(), max_tokens - 1, attn_pos, n_ctx)
+        drafter.prepare_next(attn_pos, x, h, k)
         yield [x]
         it = 0
         while stats.n_generated < max_tokens and attn_pos + 2 <= n_ctx:
-            k = plan(draft_n_max, max_tokens - stats.n_generated, attn_pos, n_ctx)
+            counts.begin_round()
             t = time.perf_counter()
             if k > 0:
                 proposal = drafter.propose(attn_pos, x, h, k)
@@ -92,19 +97,22 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
                 proposal = Proposal([], "skip-nsteps" if drafting else "none")
             stats.n_skipped_rounds += proposal.skipped
             drafts = proposal.tokens
-            stats.t_draft += time.perf_counter() - t
+            t_draft = time.perf_counter() - t
+            stats.t_draft += t_draft
             if trace:
-                tracer.event(event="mtp_draft", iter=it, path=proposal.path, seq_id=seq_id, id_last=x,
+                tracer.event(event="mtp_draft", iter=it, path=proposal.path, seq_id=seq_id, id_last=x, k=k,
                              h_idx=opts.h_idx, attn_pos=attn_pos, n_steps=len(drafts),
                              h_l2=float(np.linalg.norm(h)) if h is not None else 0.0, drafts=drafts)
 
             t = time.perf_counter()
             rows = verifier.rows(x, drafts, attn_pos)
-            stats.t_verify += time.perf_counter() - t
+            t_verify = time.perf_counter() - t
+            stats.t_verify += t_verify
 
             t = time.perf_counter()
             n_acc, y = rejection.verify(rows, drafts, history)
-            stats.t_sample += time.perf_counter() - t
+            t_sample = time.perf_counter() - t
+            stats.t_sample += t_sample
             # Re-read the load for the next decode here: the drafting worker and the compute threads are idle,
             # and the reader of the last yielded piece (woken a whole decode ago) is asleep again. Read just
             # after a yield, that reader is almost always running and looks like load.
@@ -114,6 +122,7 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
             accepted = drafts[:n_acc] + [y]
             stats.count_round(len(drafts), n_acc)
             drafter.update(len(drafts), n_acc)
+            counts.observe(RoundCost(len(drafts), t_draft, t_verify, t_sample), n_acc)
             if trace:
                 tracer.event(event="mtp_accept", iter=it, n_accepted=n_acc, n_drafted_prev=len(drafts))
             it += 1
@@ -133,7 +142,8 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
                 return
             x = y
             if stats.n_generated < max_tokens:
-                drafter.prepare_next(attn_pos, x, h, plan(draft_n_max, max_tokens - stats.n_generated, attn_pos, n_ctx))
+                k = plan(counts.choose(), max_tokens - stats.n_generated, attn_pos, n_ctx)
+                drafter.prepare_next(attn_pos, x, h, k)
             yield accepted
         stats.hit_context_limit = stats.n_generated < max_tokens
     except BaseException as e:
@@ -142,4 +152,5 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
         raise
     finally:
         drafter.cancel()
+        stats.draft_policy = counts.finish()
         cache.store(seq_id, history[:attn_pos + 1])  # for the next generation's prompt cache

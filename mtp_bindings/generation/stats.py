@@ -43,6 +43,9 @@ class GenerationStats:
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     n_skipped_rounds: int = 0
+    rounds_per_k: list[int] = field(default_factory=list)  # verify rounds by the drafts they verified
+    # what the ``auto`` draft count estimated at the end (costs, acceptance; see .controller), else None
+    draft_policy: dict[str, Any] | None = None
     hit_eog: bool = False
     hit_context_limit: bool = False  # stopped because the context was full, before max_tokens
     t_prompt: float = 0.0
@@ -56,6 +59,7 @@ class GenerationStats:
         self.n_rounds += 1
         self.n_drafted += n_drafted
         self.n_accepted += n_accepted
+        add_per_position(self.rounds_per_k, [0] * n_drafted + [1])
         add_per_position(self.drafted_per_position, [1] * n_drafted)
         add_per_position(self.accepted_per_position, [1] * n_accepted + [0] * (n_drafted - n_accepted))
 

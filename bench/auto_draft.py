@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Is ``auto`` (the default draft count) never slower than plain decoding, and about as fast as the best fixed count?
+
+For each pair (``e2b``: the demo's E2B-sized q4_K pair, built and cached by ``scale_pair``; ``tiny``: the
+bundled trained pair), temperature (0; 0.7 with the library's sampling defaults; 1.5 with top_k 0) and
+prompt, one run each of plain decoding (``draft_n_max=0``), every fixed count 1..4 and ``auto`` (the
+default: no drafting argument at all), interleaved per prompt, ``ignore_eos`` so every run is as long.
+Everything goes through ``Model.generate`` without a context argument, as a user's script calls it: the
+model's kept context, on which ``auto`` starts cold at the first prompt and learns across the rest.
+
+Each CPU variant given runs in its own process with that ``libggml-cpu.so`` preloaded (``LIBDIR`` empty:
+the package's own build), as ``verify_cost.py`` does. Ratios are within one process's run.
+
+Results: ``bench/results/auto_draft.json`` and ``auto_draft.md``.
+
+Usage::
+
+    python bench/auto_draft.py                                  # the package's own build, both pairs
+    python bench/auto_draft.py --variant native= --variant zen4=build/cpu-variants/zen4/src
+    python bench/auto_draft.py --pairs tiny --tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+PROMPTS = ["def parse_args(argv):\n", "The history of the old city begins", "Ingredients:\n1."]
+TEMPERATURES = {"0": {"temperature": 0.0}, "0.7": {"temperature": 0.7}, "1.5": {"temperature": 1.5, "top_k": 0}}
+FIXED = (1, 2, 3, 4)
+PAIR_TOKENS = {"e2b": 64, "tiny": 256}
+PAIR_PROMPTS = {"e2b": 2, "tiny": 3}
+
+
+def log(msg: str) -> None:
+    print(f"[auto_draft] {msg}", file=sys.stderr, flush=True)
+
+
+def settings() -> list[tuple[str, dict[str, Any]]]:
+    return [("plain", {"draft_n_max": 0}), *((f"k={k}", {"draft_n_max": k}) for k in FIXED), ("auto", {})]
+
+
+def pair_files(name: str) -> tuple[str, str]:
+    if name == "tiny":
+        from mtp_bindings.models import ASSISTANT, TARGET
+        return str(TARGET), str(ASSISTANT)
+    from mtp_bindings.scale_pair import ScaleConfig, scale_pair
+    pair = scale_pair(ScaleConfig(), types=("q4_K",), progress=False)
+    return str(pair.target["q4_K"]), str(pair.centroid["q4_K"])
+
+
+def child(pairs: Sequence[str], tokens: int | None) -> dict[str, Any]:
+    """The whole matrix in this process: per pair, temperature, setting, the runs' tokens/s."""
+    from mtp_bindings import Model
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        target, assistant = pair_files(pair)
+        n = tokens or PAIR_TOKENS[pair]
+        prompts = PROMPTS[:PAIR_PROMPTS[pair]]
+        cells: dict[str, Any] = {}
+        with Model(target, assistant=assistant) as model:
+            model.generate(prompts[0], max_tokens=8, draft_n_max=0)  # warm-up (pages the weights in)
+            for tname, sampling in TEMPERATURES.items():
+                runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in settings()}
+                for pi, prompt in enumerate(prompts):
+                    for label, draft in settings():
+                        r = model.generate(prompt, max_tokens=n, ignore_eos=True, seed=1000 + pi, **sampling, **draft)
+                        s = r.stats
+                        runs[label].append({"tokens_per_s": s.tokens_per_second, "acceptance": s.acceptance_rate,
+                                            "rounds_per_k": s.rounds_per_k, "policy": s.draft_policy})
+                    log(f"{pair} T={tname} prompt {pi + 1}/{len(prompts)}: " + ", ".join(
+                        f"{lab} {runs[lab][-1]['tokens_per_s']:.1f}" for lab, _ in settings()))
+                cells[tname] = runs
+        out[pair] = {"tokens": n, "prompts": len(prompts), "cells": cells}
+    return out
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    tps = {label: statistics.mean(r["tokens_per_s"] for r in rs) for label, rs in runs.items()}
+    best_fixed = max((lab for lab in tps if lab != "auto"), key=lambda lab: tps[lab])
+    hist: list[int] = []
+    for r in runs["auto"]:
+        for k, c in enumerate(r["rounds_per_k"]):
+            hist.extend([0] * (k + 1 - len(hist)))
+            hist[k] += c
+    return {"tokens_per_s": tps, "best_fixed": best_fixed,
+            "auto_vs_best": tps["auto"] / tps[best_fixed] if tps[best_fixed] else 0.0,
+            "auto_vs_plain": tps["auto"] / tps["plain"] if tps["plain"] else 0.0, "auto_rounds_per_k": hist}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m = result["meta"]
+    lines = ["# auto draft count vs plain and every fixed count", "",
+             f"{m['cpu']} ({m['isa']}), {m['date']}; mean tokens/s of the prompts, one run each, interleaved; "
+             "`auto` starts cold on the model's kept context at the first prompt.", "",
+             "| variant | pair | T | plain | " + " | ".join(f"k={k}" for k in FIXED)
+             + " | auto | auto / best fixed | auto / plain | auto's rounds by k |",
+             "|---|---|---|" + "---:|" * (len(FIXED) + 4) + "---|"]
+    worst_best, worst_plain = 9.0, 9.0
+    for variant, pairs in result["variants"].items():
+        for pair, p in pairs.items():
+            for tname, runs in p["cells"].items():
+                s = summarize(runs)
+                worst_best, worst_plain = min(worst_best, s["auto_vs_best"]), min(worst_plain, s["auto_vs_plain"])
+                t = s["tokens_per_s"]
+                hist = " ".join(f"{k}:{c}" for k, c in enumerate(s["auto_rounds_per_k"]) if c)
+                lines.append(f"| {variant} | {pair} | {tname} | {t['plain']:.1f} | "
+                             + " | ".join(f"{t[f'k={k}']:.1f}" for k in FIXED)
+                             + f" | {t['auto']:.1f} | {s['auto_vs_best']:.2f} ({s['best_fixed']}) | "
+                             f"{s['auto_vs_plain']:.2f} | {hist} |")
+    lines += ["", f"Worst cell: auto {worst_best:.2f}x the best fixed count (plain included), "
+              f"{worst_plain:.2f}x plain (targets: >= 0.95 both).", ""]
+    return "\n".join(lines)
+
+
+def _cpu() -> tuple[str, str]:
+    name, flags = platform.processor() or "?", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    isa = " ".join(f for f in ("avx2", "avx512f", "avx512_vnni", "amx_tile") if f in flags)
+    return name, isa
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pairs", nargs="+", default=["e2b", "tiny"], choices=sorted(PAIR_TOKENS))
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=LIBDIR",
+                   help="a libggml-cpu.so build to run under (LIBDIR empty: the package's own); repeatable")
+    p.add_argument("--tokens", type=int, default=None, help="tokens per run (default: per pair)")
+    p.add_argument("--out", type=Path, default=RESULTS / "auto_draft.json")
+    p.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args._child:
+        print(json.dumps(child(args.pairs, args.tokens)))
+        return 0
+    variants = dict(spec.partition("=")[::2] for spec in (args.variant or ["package="]))
+    result: dict[str, Any] = {"variants": {}}
+    for name, libdir in variants.items():
+        env = dict(os.environ)
+        if libdir:
+            lib = Path(libdir) / "libggml-cpu.so"
+            if not lib.exists():
+                raise SystemExit(f"--variant: {lib} does not exist")
+            env["LD_PRELOAD"] = str(lib.resolve())
+        log(f"variant {name}")
+        cmd = [sys.executable, __file__, "--_child", "--pairs", *args.pairs]
+        if args.tokens:
+            cmd += ["--tokens", str(args.tokens)]
+        res = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=True)
+        result["variants"][name] = json.loads(res.stdout.strip().splitlines()[-1])
+    cpu, isa = _cpu()
+    result["meta"] = {"cpu": cpu, "isa": isa, "date": time.strftime("%Y-%m-%d %H:%M"), "variants": variants,
+                      "load_average": os.getloadavg()}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    md = markdown(result)
+    args.out.with_suffix(".md").write_text(md + "\n")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""How many tokens to draft each round: a fixed count, or ``auto``, chosen from what this context
+measures as it runs (the place of transformers' ``update_candidate_strategy``).
+
+``auto`` picks, before each round, the ``k`` in ``0..k_max`` with the most expected tokens per
+second, ``E(k) / T(k)``:
+
+* ``E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 .. a_k``, with ``a_i`` the running estimate of the chance
+  that draft ``i`` is accepted once drafts ``1..i-1`` were (exponentially forgetting, so it follows
+  the text; it starts from what earlier requests on this context measured, else a prior);
+* ``T(k) = V(k + 1) + D(k) + S (k + 1) + H``: the target's decode of ``k + 1`` rows, the wait for
+  ``k`` drafts, sampling per row and the rest of a round (the caller's own time between rounds
+  included), each a running mean of what rounds on this context took (:class:`CostModel`, kept on
+  the context across requests). Costs never measured come from the nearest measured ones.
+
+``k = 0`` is a plain decode: no drafting graph, no verify rows. While the choice is below ``k_max``
+it drafts one more token now and then (every ``PROBE_MIN``..``PROBE_MAX`` rounds, backing off while
+the probes change nothing), so an estimate that has gone stale can recover. It only changes how
+much is drafted, so the output stays what plain decoding gives. Pure Python.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from collections.abc import Callable
+from typing import Any, Protocol
+
+# Every constant of the policy, in one place.
+ACCEPT_PRIOR = 0.6        # conditional acceptance per position before anything was measured
+ACCEPT_PRIOR_WEIGHT = 4.0  # rounds of evidence a request's starting estimate is worth
+ACCEPT_DECAY = 0.97       # weight kept by past observations at each new one (a ~30-round memory)
+COST_ALPHA = 0.25         # running means of costs: weight of the newest measurement
+VERIFY_SLOPE_PRIOR = 0.1  # decode(n) = decode(1) (1 + slope (n - 1)) until two sizes are measured
+DRAFT_STEP_PRIOR = 0.1    # a draft step / decode(1), until a draft is measured
+PROBE_MIN = 8             # rounds between probes of one more draft, at first ...
+PROBE_MAX = 32            # ... and at most, after probes that changed nothing
+POOL_MAX = 256.0          # observations the context's pooled acceptance keeps per position
+
+
+def _ewma(old: float | None, new: float) -> float:
+    return new if old is None else old + COST_ALPHA * (new - old)
+
+
+@dataclass
+class RoundCost:
+    """What one round took, seconds: ``draft`` the wait for its ``k`` drafts, ``verify`` the
+    target's decode, ``sample`` the sampler over its rows."""
+
+    k: int
+    draft: float
+    verify: float
+    sample: float
+
+
+@dataclass
+class CostModel:
+    """Running means of what rounds cost on one context (kept there across requests: a context's
+    threads, weights and machine do not change between them), and the acceptance it has seen."""
+
+    verify: dict[int, float] = field(default_factory=dict)  # rows -> seconds
+    draft: dict[int, float] = field(default_factory=dict)   # drafts -> seconds waited
+    sample_row: float | None = None
+    host: float | None = None
+    pooled_tried: list[float] = field(default_factory=list)     # per position, drafts reached
+    pooled_accepted: list[float] = field(default_factory=list)  # per position, drafts accepted
+
+    def observe(self, c: RoundCost) -> None:
+        rows = c.k + 1
+        self.verify[rows] = _ewma(self.verify.get(rows), c.verify)
+        if c.k:
+            self.draft[c.k] = _ewma(self.draft.get(c.k), c.draft)
+        self.sample_row = _ewma(self.sample_row, c.sample / rows)
+
+    def observe_host(self, seconds: float) -> None:
+        """The rest of a round: from its start to the next round's, less what :meth:`observe` saw."""
+        self.host = _ewma(self.host, max(seconds, 0.0))
+
+    def decode1(self) -> float:
+        """decode(1), seconds (1.0, a unit, before anything was measured)."""
+        if 1 in self.verify:
+            return self.verify[1]
+        if not self.verify:
+            return 1.0
+        n = min(self.verify)
+        return self.verify[n] / (1.0 + VERIFY_SLOPE_PRIOR * (n - 1))
+
+    def verify_cost(self, rows: int) -> float:
+        """decode(rows): measured, else interpolated between the nearest measured sizes, else
+        extrapolated with the measured slope (the prior's where fewer than two sizes were seen)."""
+        if rows in self.verify:
+            return self.verify[rows]
+        v1 = self.decode1()
+        seen = sorted(self.verify)
+        lo = [n for n in seen if n < rows]
+        hi = [n for n in seen if n > rows]
+        if lo and hi:
+            a, b = lo[-1], hi[0]
+            return self.verify[a] + (self.verify[b] - self.verify[a]) * (rows - a) / (b - a)
+        slope = VERIFY_SLOPE_PRIOR * v1
+        if len(seen) >= 2:
+            a, b = (seen[-2], seen[-1]) if lo else (seen[0], seen[1])
+            slope = max((self.verify[b] - self.verify[a]) / (b - a), 0.0)
+        if lo:
+            return self.verify[lo[-1]] + slope * (rows - lo[-1])
+        if hi:
+            return max(self.verify[hi[0]] - slope * (hi[0] - rows), 0.5 * v1)
+        return v1 * (1.0 + VERIFY_SLOPE_PRIOR * (rows - 1))
+
+    def draft_cost(self, k: int) -> float:
+        """The wait for ``k`` drafts: measured, else ``k`` times the measured cost per draft."""
+        if k == 0:
+            return 0.0
+        if k in self.draft:
+            return self.draft[k]
+        if self.draft:
+            return k * sum(v / n for n, v in self.draft.items()) / len(self.draft)
+        return k * DRAFT_STEP_PRIOR * self.decode1()
+
+    def round_cost(self, k: int) -> float:
+        """T(k): one round with ``k`` drafts."""
+        return self.verify_cost(k + 1) + self.draft_cost(k) + (self.sample_row or 0.0) * (k + 1) + (self.host or 0.0)
+
+    def acceptance_prior(self, k_max: int) -> list[float]:
+        """Per position, what earlier requests on this context accepted (a position never reached
+        takes the one before it, the first the prior)."""
+        out: list[float] = []
+        for i in range(k_max):
+            if i < len(self.pooled_tried) and self.pooled_tried[i] >= 1.0:
+                out.append(self.pooled_accepted[i] / self.pooled_tried[i])
+            else:
+                out.append(out[-1] if out else ACCEPT_PRIOR)
+        return out
+
+    def pool(self, tried: list[int], accepted: list[int]) -> None:
+        """Add a finished request's counts per position (old ones fade past ``POOL_MAX``)."""
+        for i, (t, a) in enumerate(zip(tried, accepted)):
+            if i >= len(self.pooled_tried):
+                self.pooled_tried.append(0.0)
+                self.pooled_accepted.append(0.0)
+            scale = min(1.0, POOL_MAX / (self.pooled_tried[i] + t)) if t else 1.0
+            self.pooled_tried[i] = (self.pooled_tried[i] + t) * scale
+            self.pooled_accepted[i] = (self.pooled_accepted[i] + a) * scale
+
+
+class Acceptance:
+    """Running conditional acceptance per draft position for one request, forgetting old rounds."""
+
+    def __init__(self, prior: list[float]) -> None:
+        self.tried = [ACCEPT_PRIOR_WEIGHT] * len(prior)
+        self.accepted = [p * ACCEPT_PRIOR_WEIGHT for p in prior]
+
+    def observe(self, k: int, n_accepted: int) -> None:
+        # position i (0-based) was reached when every draft before it was accepted
+        for i in range(min(k, n_accepted + 1, len(self.tried))):
+            self.tried[i] = ACCEPT_DECAY * self.tried[i] + 1.0
+            self.accepted[i] = ACCEPT_DECAY * self.accepted[i] + (1.0 if i < n_accepted else 0.0)
+
+    def rates(self) -> list[float]:
+        return [a / t for a, t in zip(self.accepted, self.tried)]
+
+    def expected_tokens(self, k: int) -> float:
+        """E(k): tokens a round with ``k`` drafts yields (the sampled one included)."""
+        total, run = 1.0, 1.0
+        for p in self.rates()[:k]:
+            run *= p
+            total += run
+        return total
+
+
+class DraftCount(Protocol):
+    """What the loop asks of a draft-count policy."""
+
+    def begin_round(self) -> None:
+        """A round starts (the clock of the rest of a round)."""
+
+    def choose(self) -> int:
+        """The drafts wanted for the next round (before the loop's limits)."""
+
+    def observe(self, cost: RoundCost, n_accepted: int) -> None:
+        """One round's outcome and costs."""
+
+    def finish(self) -> dict[str, Any] | None:
+        """End of the request: what the policy estimated (for the stats), or None."""
+
+
+class FixedCount:
+    """Always the same count (``draft_n_max``, or 0 for plain decoding)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def begin_round(self) -> None:
+        pass
+
+    def choose(self) -> int:
+        return self.k
+
+    def observe(self, cost: RoundCost, n_accepted: int) -> None:
+        pass
+
+    def finish(self) -> dict[str, Any] | None:
+        return None
+
+
+class AutoCount:
+    """``auto``: the count with the most expected tokens per second (see the module's docstring)."""
+
+    def __init__(self, costs: CostModel, k_max: int, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.costs = costs
+        self.k_max = k_max
+        self.acceptance = Acceptance(costs.acceptance_prior(k_max))
+        self.tried = [0] * k_max
+        self.accepted = [0] * k_max
+        self.best = 0
+        self.since_probe = 0
+        self.probe_every = PROBE_MIN
+        self.probes = 0
+        self.start = clock()
+        self.last: tuple[float, RoundCost] | None = None  # the round just observed: its start and costs
+
+    def rates(self) -> list[float]:
+        """Expected tokens per second for each k in ``0..k_max``."""
+        return [self.acceptance.expected_tokens(k) / self.costs.round_cost(k) for k in range(self.k_max + 1)]
+
+    def choose(self) -> int:
+        rates = self.rates()
+        best = max(range(len(rates)), key=lambda k: (rates[k], -k))
+        if best != self.best:
+            self.probe_every = PROBE_MIN  # the choice moved: look around again soon
+        self.best = best
+        if best < self.k_max:
+            self.since_probe += 1
+            if self.since_probe >= self.probe_every:
+                self.since_probe = 0
+                self.probe_every = min(2 * self.probe_every, PROBE_MAX)
+                self.probes += 1
+                return best + 1
+        return best
+
+    def begin_round(self) -> None:
+        now = self.clock()
+        if self.last is not None:
+            start, c = self.last
+            self.costs.observe_host(now - start - c.draft - c.verify - c.sample)
+        self.start = now
+        self.last = None
+
+    def observe(self, cost: RoundCost, n_accepted: int) -> None:
+        self.last = (self.start, cost)
+        self.costs.observe(cost)
+        self.acceptance.observe(cost.k, n_accepted)
+        for i in range(min(cost.k, n_accepted + 1)):
+            self.tried[i] += 1
+            self.accepted[i] += i < n_accepted
+
+    def finish(self) -> dict[str, Any]:
+        self.costs.pool(self.tried, self.accepted)
+        c = self.costs
+        ms = 1e3
+        return {
+            "policy": "auto", "k_max": self.k_max, "probes": self.probes,
+            "verify_ms": {n: round(v * ms, 3) for n, v in sorted(c.verify.items())},
+            "draft_ms": {k: round(v * ms, 3) for k, v in sorted(c.draft.items())},
+            "sample_ms_per_row": round((c.sample_row or 0.0) * ms, 4),
+            "host_ms": round((c.host or 0.0) * ms, 3),
+            "acceptance": [round(p, 4) for p in self.acceptance.rates()],
+            "expected_tokens_per_s": [round(r, 2) for r in self.rates()],
+        }
+
+
+COSTS_KEY = "draft_costs"
+
+
+def make_draft_count(ctx: Any, drafting: bool, k_max: int, auto: bool) -> DraftCount:
+    """The policy of one generation on ``ctx``: ``auto`` up to ``k_max`` with the context's
+    :class:`CostModel`, else ``k_max`` every round (0 when not drafting)."""
+    if not drafting or k_max == 0:
+        return FixedCount(0)
+    if not auto:
+        return FixedCount(k_max)
+    costs = ctx.extension(COSTS_KEY, lambda _ctx: CostModel())
+    return AutoCount(costs, k_max)

@@ -1,0 +1,173 @@
+"""The ``auto`` draft count against a simulated machine (pure: no compiled extension needed).
+
+A simulated round with ``k`` drafts costs ``draft(k) + verify(k + 1) + sample (k + 1) + host`` of virtual
+time (the controller's clock) and keeps each draft with a fixed probability while the ones before it were
+kept. The best count for such a machine is known in closed form, so the tests can say what the controller
+must converge to.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from mtp_bindings.generation.controller import (PROBE_MAX, Acceptance, AutoCount, CostModel, FixedCount, RoundCost,
+                                                make_draft_count)
+from mtp_bindings.presets import PRESETS
+
+K_MAX = PRESETS["auto"].draft_n_max
+
+
+@dataclass
+class Machine:
+    """Costs in seconds of virtual time; ``accept`` the chance that each draft is kept."""
+
+    verify: Callable[[int], float]
+    draft_step: float
+    accept: float
+    sample_row: float = 0.0005
+    host: float = 0.001
+
+    def round_time(self, k: int) -> float:
+        return self.draft_step * k + self.verify(k + 1) + self.sample_row * (k + 1) + self.host
+
+    def tokens_per_s(self, k: int) -> float:
+        expected = sum(self.accept ** j for j in range(k + 1))
+        return expected / self.round_time(k)
+
+    def best(self) -> int:
+        return max(range(K_MAX + 1), key=self.tokens_per_s)
+
+
+class Simulation:
+    """Rounds of the loop on a :class:`Machine`, through the controller's whole protocol."""
+
+    def __init__(self, machine: Machine, seed: int = 0, costs: CostModel | None = None) -> None:
+        self.machine = machine
+        self.now = 0.0
+        self.rng = random.Random(seed)
+        self.policy = AutoCount(costs or CostModel(), K_MAX, clock=lambda: self.now)
+        self.chosen: list[int] = []
+        self.tokens = 0
+
+    def run(self, rounds: int) -> None:
+        m = self.machine
+        for _ in range(rounds):
+            k = self.policy.choose()
+            self.policy.begin_round()
+            n_acc = 0
+            while n_acc < k and self.rng.random() < m.accept:
+                n_acc += 1
+            cost = RoundCost(k, m.draft_step * k, m.verify(k + 1), m.sample_row * (k + 1))
+            self.now += m.round_time(k)
+            self.policy.observe(cost, n_acc)
+            self.chosen.append(k)
+            self.tokens += n_acc + 1
+
+    def tail(self, n: int) -> Counter[int]:
+        return Counter(self.chosen[-n:])
+
+
+def flat_verify(n: int) -> float:  # a decode of n <= 8 tokens reads the weights once: ~ one token's cost
+    return 0.040 * (1 + 0.05 * (n - 1))
+
+
+def steep_verify(n: int) -> float:  # verify rows cost nearly a decode each (a CPU whose kernels are compute-bound)
+    return 0.040 * (1 + 0.9 * (n - 1))
+
+
+def test_it_converges_to_the_best_count_when_drafts_are_cheap_and_good():
+    machine = Machine(flat_verify, draft_step=0.004, accept=0.8)
+    sim = Simulation(machine)
+    sim.run(400)
+    # this machine's rate is flat near its best (3..6 drafts are within 5%): any of them is as good
+    best = machine.tokens_per_s(machine.best())
+    good = sum(n for k, n in sim.tail(200).items() if machine.tokens_per_s(k) >= 0.95 * best)
+    assert good >= 180
+
+
+def test_it_falls_back_to_plain_decoding_when_drafting_cannot_pay():
+    machine = Machine(steep_verify, draft_step=0.006, accept=0.3)
+    assert machine.best() == 0
+    sim = Simulation(machine)
+    sim.run(400)
+    assert sim.tail(200)[0] >= 190  # what is left are the occasional probes
+
+
+def test_its_throughput_is_within_5_percent_of_the_best_fixed_count():
+    for machine in (Machine(flat_verify, 0.004, 0.8), Machine(flat_verify, 0.010, 0.5), Machine(flat_verify, 0.004, 0.3),
+                    Machine(steep_verify, 0.006, 0.3), Machine(steep_verify, 0.002, 0.95)):
+        sim = Simulation(machine, seed=3)
+        sim.run(600)
+        # the expected yield of the counts it chose (the realised one adds the acceptance draws' noise)
+        expected = sum(sum(machine.accept ** j for j in range(k + 1)) for k in sim.chosen)
+        rate = expected / sum(machine.round_time(k) for k in sim.chosen)
+        assert rate >= 0.95 * machine.tokens_per_s(machine.best()), machine
+
+
+def test_it_recovers_when_acceptance_returns():
+    machine = Machine(flat_verify, draft_step=0.004, accept=0.0)
+    sim = Simulation(machine)
+    sim.run(300)
+    assert sim.tail(100)[0] >= 90
+    machine.accept = 0.85
+    sim.run(200)
+    best = machine.tokens_per_s(machine.best())
+    good = sum(n for k, n in sim.tail(100).items() if machine.tokens_per_s(k) >= 0.95 * best)
+    assert good >= 70
+
+
+def test_probes_back_off_while_they_change_nothing():
+    sim = Simulation(Machine(steep_verify, draft_step=0.006, accept=0.0))
+    sim.run(1000)
+    probes = sum(1 for k in sim.chosen[-500:] if k)
+    assert 0 < probes <= 500 // PROBE_MAX + 1
+
+
+def test_a_second_request_on_the_context_starts_from_what_the_first_measured():
+    costs = CostModel()
+    first = Simulation(Machine(flat_verify, draft_step=0.004, accept=0.9), costs=costs)
+    first.run(200)
+    first.policy.finish()
+    second = AutoCount(costs, K_MAX)
+    assert second.acceptance.rates()[0] > 0.8
+    assert second.choose() == first.machine.best()
+
+
+def test_expected_tokens_multiply_the_acceptance_of_each_position():
+    acc = Acceptance([0.5, 0.5, 0.5])
+    assert acc.expected_tokens(0) == 1.0
+    assert acc.expected_tokens(3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+
+
+def test_a_position_reached_only_after_its_predecessors_were_accepted_counts_once():
+    acc = Acceptance([0.5, 0.5, 0.5])
+    acc.observe(3, 1)  # draft 1 kept, draft 2 rejected: draft 3 never judged
+    tried = [round(t, 6) for t in acc.tried]
+    assert tried[0] == tried[1] > tried[2]
+
+
+def test_unmeasured_verify_sizes_come_from_the_measured_ones():
+    costs = CostModel()
+    costs.observe(RoundCost(0, 0.0, 0.040, 0.0))
+    costs.observe(RoundCost(2, 0.008, 0.050, 0.0))
+    assert costs.verify_cost(2) == pytest.approx(0.045)         # between 1 and 3 rows
+    assert costs.verify_cost(5) == pytest.approx(0.050 + 2 * 0.005)  # past 3, the measured slope
+    assert costs.draft_cost(4) == pytest.approx(4 * 0.004)        # per draft, as measured for 2
+
+
+def test_fixed_counts_and_plain_decoding_never_vary():
+    assert [FixedCount(3).choose() for _ in range(5)] == [3] * 5
+    assert make_draft_count(None, drafting=False, k_max=3, auto=True).choose() == 0
+    assert make_draft_count(None, drafting=True, k_max=3, auto=False).choose() == 3
+
+
+def test_auto_is_the_default_preset_and_stays_inside_the_batch_invariant_rows():
+    from mtp_bindings.presets import DEFAULT_PRESET, resolve_preset
+
+    assert DEFAULT_PRESET == "auto" and resolve_preset(None).auto
+    assert resolve_preset(None).draft_n_max + 1 <= 8
