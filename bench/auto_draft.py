@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mtp_bindings.threads import OPENMP_SPIN_COUNT
+
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPTS = ["def parse_args(argv):\n", "The history of the old city begins", "Ingredients:\n1."]
 TEMPERATURES = {"0": {"temperature": 0.0}, "0.7": {"temperature": 0.7}, "1.5": {"temperature": 1.5, "top_k": 0}}
@@ -159,6 +161,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not lib.exists():
                 raise SystemExit(f"--variant: {lib} does not exist")
             env["LD_PRELOAD"] = str(lib.resolve())
+            # a preloaded libggml-cpu loads libgomp before the package can give it its spin count: give it here,
+            # or the variant runs with libgomp's default (a different threading regime from the package's)
+            env.setdefault("GOMP_SPINCOUNT", str(OPENMP_SPIN_COUNT))
         log(f"variant {name}")
         cmd = [sys.executable, __file__, "--_child", "--pairs", *args.pairs]
         if args.tokens:

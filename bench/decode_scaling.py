@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from mtp_bindings.benchmark.models import FTYPES, TARGET_SEED, Dims, quantize, write_f16_target
+from mtp_bindings.threads import OPENMP_SPIN_COUNT
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
@@ -186,6 +187,9 @@ def _variant_env(libdir: str) -> dict[str, str]:
         if not lib.exists():
             raise SystemExit(f"--variant: {lib} does not exist")
         env["LD_PRELOAD"] = str(lib.resolve())
+        # the preloaded library loads libgomp before the package can set its spin count: set it here, or a
+        # variant runs with libgomp's default spinning and the package's own build without (not comparable)
+        env.setdefault("GOMP_SPINCOUNT", str(OPENMP_SPIN_COUNT))
     return env
 
 

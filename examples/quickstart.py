@@ -7,8 +7,10 @@ from mtp_bindings import Model
 from mtp_bindings.models import ASSISTANT, TARGET  # the bundled tiny pair: it writes gibberish
 
 with Model(TARGET, assistant=ASSISTANT) as model:
-    for draft_n_max in (0, 2):
+    # draft_n_max=0: plain decoding; None: MTP's default, the auto draft count (chosen each round)
+    for draft_n_max in (0, None):
         result = model.generate("def read_config(path):\n", max_tokens=64, draft_n_max=draft_n_max)
         s = result.stats
-        print(f"draft_n_max={draft_n_max}: {s.tokens_per_second:.0f} tokens/s, acceptance {s.acceptance_rate:.0%}")
+        print(f"draft_n_max={draft_n_max}: {s.tokens_per_second:.0f} tokens/s, acceptance {s.acceptance_rate:.0%}, "
+              f"rounds by drafts {s.rounds_per_k}")
     print(result.text)

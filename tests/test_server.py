@@ -580,3 +580,20 @@ def test_metrics_have_llama_server_and_vllm_aliases(server: Server) -> None:
             m['llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"}'] == \
             m[f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{name},position="0"}}']
         assert m["llamacpp:spec_decode_num_drafts_total"] == m['mtp_draft_position_drafted_total{position="1"}'] > 0
+
+
+def test_metrics_count_verify_rounds_by_the_drafts_they_verified(server: Server) -> None:
+    """What the auto draft count chose shows in /metrics: rounds by k (0: a plain decode)."""
+    before = _wait_idle(server)
+    server.openai().completions.create(model="any", prompt=PROMPTS[0], max_tokens=24, temperature=0)
+    m = _wait_idle(server)
+
+    def rounds(metrics: dict[str, float], drafted: bool) -> float:
+        return sum(v for key, v in metrics.items() if key.startswith("mtp_draft_rounds_total{")
+                   and (key != 'mtp_draft_rounds_total{k="0"}') == drafted)
+
+    assert rounds(m, True) + rounds(m, False) > rounds(before, True) + rounds(before, False)
+    # rounds that drafted are llama-server's verification steps
+    assert rounds(m, True) == m["llamacpp:spec_decode_num_drafts_total"]
+    if not server.has_mtp:
+        assert rounds(m, True) == 0

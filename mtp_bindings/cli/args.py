@@ -90,7 +90,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=None, help="stop at this string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-text tokens")
     p.add_argument("--spec-draft-n-max", "--draft-max", dest="draft_n_max", type=int, default=None,
-                   help="tokens drafted per round (default from --preset; 0: plain decoding)")
+                   help="tokens drafted per round: a fixed count (0: plain decoding); with --preset auto, "
+                        "its ceiling (default: --preset's)")
     add_drafting_args(p)
     p.add_argument("--trace", default=None, help="append an NDJSON acceptance trace to this file ('1': stderr)")
 

@@ -19,7 +19,6 @@ from .session import load, n_ctx
 
 DEMO_PROMPT = "def parse_args(argv):\n"
 DEMO_N_PREDICT = 256
-DEMO_DRAFT_N_MAX = 2
 # the demo's default pair: the bundled pair scaled to Gemma 4 E2B's shapes (scale_pair), this weight type
 DEMO_PAIRS = ("e2b", "tiny")
 DEMO_WTYPE = "q4_K"
@@ -42,9 +41,10 @@ def cmd_demo(args: argparse.Namespace, interrupt: Interrupt) -> int:
         print(f"target    {model.path}\nassistant {model.assistant_path}\nprompt    {args.prompt!r}\n")
         with model.create_context(n_ctx=n_ctx(model, args), n_threads=args.threads, embeddings=True) as ctx:
             model.generate(args.prompt, context=ctx, max_tokens=16, draft_n_max=0)  # warm-up
+            # MTP with what a user gets by default (the auto draft count) unless a count is given
             for label, n in (("plain", 0), ("mtp", args.draft_n_max)):
                 results[label] = model.generate(args.prompt, context=ctx, max_tokens=args.n_predict,
-                                                draft_n_max=n)
+                                                draft_n_max=n, preset=args.preset)
             plain, mtp = results["plain"], results["mtp"]
             parting = next((i for i, (a, b) in enumerate(zip(plain.tokens, mtp.tokens)) if a != b), None)
             gap = None if parting is None else _plain_gap(model, ctx, args.prompt, plain.tokens, mtp.tokens, parting)

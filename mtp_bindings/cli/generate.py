@@ -43,6 +43,8 @@ def gen_kwargs(args: argparse.Namespace, ctx: Any) -> dict[str, Any]:
 def stats_line(label: str, stats: Any) -> str:
     acc = f"acceptance {stats.acceptance_rate:6.1%}, {stats.mean_accepted_length:.2f} tokens/round" \
         if stats.n_drafted else "no drafting"
+    if stats.draft_policy is not None:  # auto: how many rounds drafted how many tokens
+        acc += "   drafts/round " + " ".join(f"{k}:{n}" for k, n in enumerate(stats.rounds_per_k) if n)
     return f"{label:<10} {stats.tokens_per_second:9.1f} tokens/s   {stats.n_generated:4d} tokens   {acc}"
 
 

@@ -13,8 +13,9 @@ Our own names (``mtp_*``, stable: dashboards and tests use them):
   ``mtp_prompt_tokens_total`` (every prompt token, cached or not), ``mtp_prompt_tokens_cached_total``
   (those whose KV a slot's prompt cache kept), ``mtp_generated_tokens_total``, ``mtp_draft_tokens_total``,
   ``mtp_draft_accepted_tokens_total``, ``mtp_draft_position_{drafted,accepted}_total{position}``
-  and ``mtp_draft_position_acceptance_ratio{position}`` (positions 1-based), and the histogram
-  ``mtp_request_acceptance_rate``.
+  and ``mtp_draft_position_acceptance_ratio{position}`` (positions 1-based),
+  ``mtp_draft_rounds_total{k}`` (verify rounds by the drafts they verified: what the ``auto`` draft
+  count chose; ``k="0"`` a plain decode), and the histogram ``mtp_request_acceptance_rate``.
 
 Aliases, for dashboards built for other servers, only where the meaning is the same:
 
@@ -72,6 +73,7 @@ class ServerMetrics:
         self.accepted = 0
         self.drafted_pos: list[int] = []
         self.accepted_pos: list[int] = []
+        self.rounds_per_k: list[int] = []
         self.hist_counts = [0] * len(ACCEPTANCE_BUCKETS)
         self.hist_sum = 0.0
         self.hist_n = 0
@@ -115,6 +117,7 @@ class ServerMetrics:
             self.accepted += stats.n_accepted
             add_per_position(self.drafted_pos, stats.drafted_per_position)
             add_per_position(self.accepted_pos, stats.accepted_per_position)
+            add_per_position(self.rounds_per_k, stats.rounds_per_k)
             if stats.n_drafted:
                 rate = stats.acceptance_rate
                 self.hist_sum += rate
@@ -167,6 +170,9 @@ class _Collector:
         ratios = [a / d if d else 0.0 for a, d in zip(m.accepted_pos, m.drafted_pos)]
         yield _per_position(GaugeMetricFamily, "mtp_draft_position_acceptance_ratio",
                             "Accepted / drafted by draft position.", ratios, first=1)
+        yield _per_position(CounterMetricFamily, "mtp_draft_rounds_total",
+                            "Verify rounds by the drafts they verified (0: a plain decode).", m.rounds_per_k,
+                            first=0, label="k")
         buckets = [(floatToGoString(le), n) for le, n in zip(ACCEPTANCE_BUCKETS, m.hist_counts)]
         yield HistogramMetricFamily("mtp_request_acceptance_rate",
                                     "Per-request draft acceptance rate (requests that drafted).",
@@ -222,9 +228,10 @@ def _verification_steps(m: ServerMetrics) -> int:
     return m.drafted_pos[0] if m.drafted_pos else 0
 
 
-def _per_position(kind: Any, name: str, help_: str, values: list[Any], *, first: int) -> Metric:
-    """A family with one sample per draft position, numbered from ``first``."""
-    family = kind(name, help_, labels=["position"])
+def _per_position(kind: Any, name: str, help_: str, values: list[Any], *, first: int,
+                  label: str = "position") -> Metric:
+    """A family with one sample per draft position (or count: ``label``), numbered from ``first``."""
+    family = kind(name, help_, labels=[label])
     for i, v in enumerate(values):
         family.add_metric([str(i + first)], v)
     return family
