@@ -40,7 +40,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 PROMPTS = ["def parse_args(argv):\n", "The history of the old city begins", "Ingredients:\n1."]
 TEMPERATURES = {"0": {"temperature": 0.0}, "0.7": {"temperature": 0.7}, "1.5": {"temperature": 1.5, "top_k": 0}}
 FIXED = (1, 2, 3, 4)
-PAIR_TOKENS = {"e2b": 64, "tiny": 256}
+PAIR_TOKENS = {"e2b": 96, "tiny": 256}
 PAIR_PROMPTS = {"e2b": 2, "tiny": 3}
 
 

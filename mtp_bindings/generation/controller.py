@@ -7,10 +7,12 @@ second, ``E(k) / T(k)``:
 * ``E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 .. a_k``, with ``a_i`` the running estimate of the chance
   that draft ``i`` is accepted once drafts ``1..i-1`` were (exponentially forgetting, so it follows
   the text; it starts from what earlier requests on this context measured, else a prior);
-* ``T(k) = V(k + 1) + D(k) + S (k + 1) + H``: the target's decode of ``k + 1`` rows, the wait for
-  ``k`` drafts, sampling per row and the rest of a round (the caller's own time between rounds
-  included), each a running mean of what rounds on this context took (:class:`CostModel`, kept on
-  the context across requests). Costs never measured come from the nearest measured ones.
+* ``T(k)``: a running mean of what whole rounds with ``k`` drafts took on this context, start to
+  start (the caller's own time between rounds included, and what drafting beside it costs: on a
+  host-bound pair that is most of it); for a ``k`` not yet seen, the nearest seen one's, moved by
+  its parts ``V(k + 1) + D(k) + S (k + 1) + H``: the target's decode of ``k + 1`` rows, the wait
+  for ``k`` drafts, sampling per row and the rest, each a running mean too (:class:`CostModel`,
+  kept on the context across requests). Parts never measured come from the nearest measured ones.
 
 ``k = 0`` is a plain decode: no drafting graph, no verify rows. While the choice is below ``k_max``
 it drafts one more token now and then (every ``PROBE_MIN``..``PROBE_MAX`` rounds, backing off while
@@ -20,6 +22,7 @@ much is drafted, so the output stays what plain decoding gives. Pure Python.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from collections.abc import Callable
@@ -29,11 +32,13 @@ from typing import Any, Protocol
 ACCEPT_PRIOR = 0.6        # conditional acceptance per position before anything was measured
 ACCEPT_PRIOR_WEIGHT = 4.0  # rounds of evidence a request's starting estimate is worth
 ACCEPT_DECAY = 0.97       # weight kept by past observations at each new one (a ~30-round memory)
+ACCEPT_BONUS = 0.5        # standard errors added to each estimate when choosing (see Acceptance.optimistic)
 COST_ALPHA = 0.25         # running means of costs: weight of the newest measurement
 VERIFY_SLOPE_PRIOR = 0.1  # decode(n) = decode(1) (1 + slope (n - 1)) until two sizes are measured
 DRAFT_STEP_PRIOR = 0.1    # a draft step / decode(1), until a draft is measured
 PROBE_MIN = 8             # rounds between probes of one more draft, at first ...
-PROBE_MAX = 32            # ... and at most, after probes that changed nothing
+PROBE_MAX = 32            # ... and at most, after probes that changed nothing,
+PROBE_BUDGET = 0.02       # ... unless a probe costs more than this share of the time between probes
 POOL_MAX = 256.0          # observations the context's pooled acceptance keeps per position
 
 
@@ -61,6 +66,8 @@ class CostModel:
     draft: dict[int, float] = field(default_factory=dict)   # drafts -> seconds waited
     sample_row: float | None = None
     host: float | None = None
+    # whole rounds by k, start to start: what the parts miss (drafting beside the host's work, contention)
+    total: dict[int, float] = field(default_factory=dict)
     pooled_tried: list[float] = field(default_factory=list)     # per position, drafts reached
     pooled_accepted: list[float] = field(default_factory=list)  # per position, drafts accepted
 
@@ -71,9 +78,10 @@ class CostModel:
             self.draft[c.k] = _ewma(self.draft.get(c.k), c.draft)
         self.sample_row = _ewma(self.sample_row, c.sample / rows)
 
-    def observe_host(self, seconds: float) -> None:
-        """The rest of a round: from its start to the next round's, less what :meth:`observe` saw."""
-        self.host = _ewma(self.host, max(seconds, 0.0))
+    def observe_round(self, c: RoundCost, seconds: float) -> None:
+        """A whole round with its parts ``c`` took ``seconds``, from its start to the next round's."""
+        self.host = _ewma(self.host, max(seconds - c.draft - c.verify - c.sample, 0.0))
+        self.total[c.k] = _ewma(self.total.get(c.k), seconds)
 
     def decode1(self) -> float:
         """decode(1), seconds (1.0, a unit, before anything was measured)."""
@@ -116,9 +124,19 @@ class CostModel:
             return k * sum(v / n for n, v in self.draft.items()) / len(self.draft)
         return k * DRAFT_STEP_PRIOR * self.decode1()
 
-    def round_cost(self, k: int) -> float:
-        """T(k): one round with ``k`` drafts."""
+    def parts_cost(self, k: int) -> float:
+        """T(k) from the parts: decode, drafts, sampling, the rest."""
         return self.verify_cost(k + 1) + self.draft_cost(k) + (self.sample_row or 0.0) * (k + 1) + (self.host or 0.0)
+
+    def round_cost(self, k: int) -> float:
+        """T(k): what whole rounds with ``k`` drafts took, else the nearest measured count's, moved by what
+        the parts say the difference costs."""
+        if k in self.total:
+            return self.total[k]
+        if not self.total:
+            return self.parts_cost(k)
+        near = min(self.total, key=lambda n: (abs(n - k), n))
+        return max(self.total[near] + self.parts_cost(k) - self.parts_cost(near), 0.1 * self.parts_cost(k))
 
     def acceptance_prior(self, k_max: int) -> list[float]:
         """Per position, what earlier requests on this context accepted (a position never reached
@@ -157,6 +175,15 @@ class Acceptance:
 
     def rates(self) -> list[float]:
         return [a / t for a, t in zip(self.accepted, self.tried)]
+
+    def optimistic(self) -> list[float]:
+        """The rates plus ``ACCEPT_BONUS`` standard errors: a position seen little is tried again rather
+        than written off after an unlucky round or two."""
+        out = []
+        for a, t in zip(self.accepted, self.tried):
+            p = a / t
+            out.append(min(1.0, p + ACCEPT_BONUS * math.sqrt(p * (1.0 - p) / t)))
+        return out
 
     def expected_tokens(self, k: int) -> float:
         """E(k): tokens a round with ``k`` drafts yields (the sampled one included)."""
@@ -216,33 +243,53 @@ class AutoCount:
         self.since_probe = 0
         self.probe_every = PROBE_MIN
         self.probes = 0
+        self.probe_up = True  # probes alternate: one draft more, one fewer (a cost never measured is a guess)
         self.start = clock()
         self.last: tuple[float, RoundCost] | None = None  # the round just observed: its start and costs
 
+    def costs_and_rates(self) -> tuple[list[float], list[float]]:
+        """T(k) and expected tokens per second for each k in ``0..k_max``."""
+        costs = [self.costs.round_cost(k) for k in range(self.k_max + 1)]
+        expected, run, total = [], 1.0, 1.0
+        for k, p in enumerate([1.0, *self.acceptance.optimistic()]):
+            run *= p if k else 1.0
+            total += run if k else 0.0
+            expected.append(total)
+        return costs, [e / t for e, t in zip(expected, costs)]
+
     def rates(self) -> list[float]:
         """Expected tokens per second for each k in ``0..k_max``."""
-        return [self.acceptance.expected_tokens(k) / self.costs.round_cost(k) for k in range(self.k_max + 1)]
+        return self.costs_and_rates()[1]
 
     def choose(self) -> int:
-        rates = self.rates()
+        costs, rates = self.costs_and_rates()
         best = max(range(len(rates)), key=lambda k: (rates[k], -k))
         if best != self.best:
             self.probe_every = PROBE_MIN  # the choice moved: look around again soon
         self.best = best
-        if best < self.k_max:
-            self.since_probe += 1
-            if self.since_probe >= self.probe_every:
-                self.since_probe = 0
-                self.probe_every = min(2 * self.probe_every, PROBE_MAX)
-                self.probes += 1
-                return best + 1
-        return best
+        self.since_probe += 1
+        if self.since_probe < self.probe_every:
+            return best
+        up = best + 1 if best < self.k_max else None
+        down = best - 1 if best > 0 else None
+        probe = (up if up is not None else down) if self.probe_up else (down if down is not None else up)
+        if probe is None:
+            return best
+        # an expensive probe (drafting on a host-bound pair) waits longer, to cost at most PROBE_BUDGET
+        extra = max(costs[probe] - costs[best], 0.0)
+        if self.since_probe < extra / (PROBE_BUDGET * costs[best]):
+            return best
+        self.since_probe = 0
+        self.probe_every = min(2 * self.probe_every, PROBE_MAX)
+        self.probe_up = not self.probe_up
+        self.probes += 1
+        return probe
 
     def begin_round(self) -> None:
         now = self.clock()
         if self.last is not None:
             start, c = self.last
-            self.costs.observe_host(now - start - c.draft - c.verify - c.sample)
+            self.costs.observe_round(c, now - start)
         self.start = now
         self.last = None
 
@@ -264,6 +311,7 @@ class AutoCount:
             "draft_ms": {k: round(v * ms, 3) for k, v in sorted(c.draft.items())},
             "sample_ms_per_row": round((c.sample_row or 0.0) * ms, 4),
             "host_ms": round((c.host or 0.0) * ms, 3),
+            "round_ms": {k: round(v * ms, 3) for k, v in sorted(c.total.items())},
             "acceptance": [round(p, 4) for p in self.acceptance.rates()],
             "expected_tokens_per_s": [round(r, 2) for r in self.rates()],
         }
