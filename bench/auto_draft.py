@@ -34,7 +34,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mtp_bindings.threads import OPENMP_SPIN_COUNT
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import decode_scaling as ds  # noqa: E402  (its variant environment)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPTS = ["def parse_args(argv):\n", "The history of the old city begins", "Ingredients:\n1."]
@@ -155,15 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     variants = dict(spec.partition("=")[::2] for spec in (args.variant or ["package="]))
     result: dict[str, Any] = {"variants": {}}
     for name, libdir in variants.items():
-        env = dict(os.environ)
-        if libdir:
-            lib = Path(libdir) / "libggml-cpu.so"
-            if not lib.exists():
-                raise SystemExit(f"--variant: {lib} does not exist")
-            env["LD_PRELOAD"] = str(lib.resolve())
-            # a preloaded libggml-cpu loads libgomp before the package can give it its spin count: give it here,
-            # or the variant runs with libgomp's default (a different threading regime from the package's)
-            env.setdefault("GOMP_SPINCOUNT", str(OPENMP_SPIN_COUNT))
+        env = ds._variant_env(libdir)  # the preload, and the package's libgomp spin count with it
         log(f"variant {name}")
         cmd = [sys.executable, __file__, "--_child", "--pairs", *args.pairs]
         if args.tokens:
