@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -127,18 +126,15 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _cpu() -> tuple[str, str]:
-    name, flags = platform.processor() or "?", set()
+def _isa() -> str:
+    """The x86 extensions that pick a CPU variant, as /proc/cpuinfo lists them."""
+    flags: set[str] = set()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
+        line = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags"))
+        flags = set(line.split(":", 1)[1].split())
+    except (OSError, StopIteration):
         pass
-    isa = " ".join(f for f in ("avx2", "avx512f", "avx512_vnni", "amx_tile") if f in flags)
-    return name, isa
+    return " ".join(f for f in ("avx2", "avx512f", "avx512_vnni", "amx_tile") if f in flags)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -163,8 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cmd += ["--tokens", str(args.tokens)]
         res = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=True)
         result["variants"][name] = json.loads(res.stdout.strip().splitlines()[-1])
-    cpu, isa = _cpu()
-    result["meta"] = {"cpu": cpu, "isa": isa, "date": time.strftime("%Y-%m-%d %H:%M"), "variants": variants,
+    result["meta"] = {"cpu": ds._cpu_name(), "isa": _isa(), "date": time.strftime("%Y-%m-%d %H:%M"), "variants": variants,
                       "load_average": os.getloadavg()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -96,8 +96,12 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", default=None, help="append an NDJSON acceptance trace to this file ('1': stderr)")
 
 
-def add_drafting_args(p: argparse.ArgumentParser) -> None:
+def add_preset_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=sorted(PRESETS), default=None, help=f"MTP preset (default: {DEFAULT_PRESET})")
+
+
+def add_drafting_args(p: argparse.ArgumentParser) -> None:
+    add_preset_arg(p)
     p.add_argument("--no-depth2", action="store_true", help="draft synchronously (A/B of the overlap)")
     p.add_argument("--skip-streak", type=int, default=None,
                    help="after N rounds in a row with nothing accepted, skip drafting one round (default: the "

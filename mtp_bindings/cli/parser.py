@@ -15,8 +15,7 @@ from pathlib import Path
 from .. import __version__
 from ..limits import SERVER_N_PREDICT, UNTIL_FULL
 from ..params import RPC_SERVER_HOST, RPC_SERVER_PORT, DraftParams
-from ..presets import DEFAULT_PRESET, PRESETS
-from .args import add_drafting_args, add_model_args, add_sampling_args
+from .args import add_drafting_args, add_model_args, add_preset_arg, add_sampling_args
 from .demo import DEMO_N_PREDICT, DEMO_PAIRS, DEMO_PROMPT, cmd_demo
 from .flags import PROG, Parser, SubcommandParser, refuse, refuse_unsupported
 from .generate import cmd_chat, cmd_generate
@@ -51,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"tokens to generate (default {DEMO_N_PREDICT})")
     p.add_argument("--spec-draft-n-max", dest="draft_n_max", type=int, default=None,
                    help="MTP's tokens drafted per round (default from --preset: auto, chosen each round)")
-    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help=f"MTP preset (default: {DEFAULT_PRESET})")
+    add_preset_arg(p)
     refuse(p, ["--no-mtp"], "mtp-bindings generate --no-mtp: demo runs both, plain and MTP")
     p.set_defaults(func=cmd_demo)
 

@@ -128,15 +128,21 @@ class CostModel:
         """T(k) from the parts: decode, drafts, sampling, the rest."""
         return self.verify_cost(k + 1) + self.draft_cost(k) + (self.sample_row or 0.0) * (k + 1) + (self.host or 0.0)
 
-    def round_cost(self, k: int) -> float:
-        """T(k): what whole rounds with ``k`` drafts took, else the nearest measured count's, moved by what
-        the parts say the difference costs."""
-        if k in self.total:
-            return self.total[k]
+    def round_costs(self, k_max: int) -> list[float]:
+        """T(k) for k in ``0..k_max``: what whole rounds with ``k`` drafts took, else the nearest measured
+        count's, moved by what the parts say the difference costs."""
+        parts = [self.parts_cost(k) for k in range(k_max + 1)]
         if not self.total:
-            return self.parts_cost(k)
-        near = min(self.total, key=lambda n: (abs(n - k), n))
-        return max(self.total[near] + self.parts_cost(k) - self.parts_cost(near), 0.1 * self.parts_cost(k))
+            return parts
+        out = []
+        for k, part in enumerate(parts):
+            if k in self.total:
+                out.append(self.total[k])
+                continue
+            near = min(self.total, key=lambda n: (abs(n - k), n))
+            near_part = parts[near] if near <= k_max else self.parts_cost(near)
+            out.append(max(self.total[near] + part - near_part, 0.1 * part))
+        return out
 
     def acceptance_prior(self, k_max: int) -> list[float]:
         """Per position, what earlier requests on this context accepted (a position never reached
@@ -185,13 +191,17 @@ class Acceptance:
             out.append(min(1.0, p + ACCEPT_BONUS * math.sqrt(p * (1.0 - p) / t)))
         return out
 
-    def expected_tokens(self, k: int) -> float:
-        """E(k): tokens a round with ``k`` drafts yields (the sampled one included)."""
-        total, run = 1.0, 1.0
-        for p in self.rates()[:k]:
+    def expected(self, k_max: int, optimistic: bool = False) -> list[float]:
+        """E(k) for k in ``0..k_max``: tokens a round with ``k`` drafts yields (the sampled one included)."""
+        out, run = [1.0], 1.0
+        for p in (self.optimistic() if optimistic else self.rates())[:k_max]:
             run *= p
-            total += run
-        return total
+            out.append(out[-1] + run)
+        return out
+
+    def expected_tokens(self, k: int) -> float:
+        """E(k) of one ``k``."""
+        return self.expected(k)[k]
 
 
 class DraftCount(Protocol):
@@ -249,12 +259,8 @@ class AutoCount:
 
     def costs_and_rates(self) -> tuple[list[float], list[float]]:
         """T(k) and expected tokens per second for each k in ``0..k_max``."""
-        costs = [self.costs.round_cost(k) for k in range(self.k_max + 1)]
-        expected, run, total = [], 1.0, 1.0
-        for k, p in enumerate([1.0, *self.acceptance.optimistic()]):
-            run *= p if k else 1.0
-            total += run if k else 0.0
-            expected.append(total)
+        costs = self.costs.round_costs(self.k_max)
+        expected = self.acceptance.expected(self.k_max, optimistic=True)
         return costs, [e / t for e, t in zip(expected, costs)]
 
     def rates(self) -> list[float]:
@@ -323,7 +329,7 @@ COSTS_KEY = "draft_costs"
 def make_draft_count(ctx: Any, drafting: bool, k_max: int, auto: bool) -> DraftCount:
     """The policy of one generation on ``ctx``: ``auto`` up to ``k_max`` with the context's
     :class:`CostModel`, else ``k_max`` every round (0 when not drafting)."""
-    if not drafting or k_max == 0:
+    if not drafting:
         return FixedCount(0)
     if not auto:
         return FixedCount(k_max)
