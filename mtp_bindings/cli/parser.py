@@ -15,7 +15,8 @@ from pathlib import Path
 from .. import __version__
 from ..limits import SERVER_N_PREDICT, UNTIL_FULL
 from ..params import RPC_SERVER_HOST, RPC_SERVER_PORT, DraftParams
-from .args import add_drafting_args, add_model_args, add_preset_arg, add_sampling_args
+from . import chat_commands
+from .args import add_chat_template_args, add_drafting_args, add_model_args, add_preset_arg, add_sampling_args
 from .demo import DEMO_N_PREDICT, DEMO_PAIRS, DEMO_PROMPT, cmd_demo
 from .flags import PROG, Parser, SubcommandParser, refuse, refuse_unsupported
 from .generate import cmd_chat, cmd_generate
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec-draft-n-max", dest="draft_n_max", type=int, default=None,
                    help="MTP's tokens drafted per round (default from --preset: auto, chosen each round)")
     add_preset_arg(p)
-    refuse(p, ["--no-mtp"], "mtp-bindings generate --no-mtp: demo runs both, plain and MTP")
+    refuse(p, ["--no-mtp", "--spec-type"], "mtp-bindings generate --no-mtp: demo runs both, plain and MTP")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("generate", help="generate text from a prompt",
@@ -66,13 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("chat", help="interactive chat with the GGUF's chat template (stdin/stdout)",
-                       description="Chat on stdin/stdout with the GGUF's chat template: one line per turn, "
-                                   "/reset starts over, /quit or end of input ends. Ctrl-C stops the reply being "
-                                   "written; Ctrl-C at the prompt ends the chat.")
+                       description="Chat on stdin/stdout with the GGUF's chat template (or --chat-template's): one "
+                                   "line per turn; end of input ends. Lines starting with / are commands, never "
+                                   f"sent to the model: {chat_commands.summary()}; // sends a line starting with "
+                                   "one /. Ctrl-C stops the reply being written; Ctrl-C at the prompt ends the chat.")
     add_model_args(p)
     add_sampling_args(p)
     p.add_argument("--system", "-sys", "--system-prompt", dest="system", default=None, help="a system message")
     p.add_argument("--stats", action="store_true", help="print tokens/s and acceptance after each reply")
+    add_chat_template_args(p)
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("convert", help="convert a Hugging Face Gemma 4 target or assistant to GGUF (needs torch)",
@@ -89,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Serve the model over an OpenAI-compatible API: /v1/chat/completions, "
                                    "/v1/completions, /v1/models, /health, /metrics. Ctrl-C stops it; open requests "
                                    "get a 503 error.")
-    add_model_args(p)
+    add_model_args(p, draft_threads=False)
+    refuse(p, ["-td", "--spec-draft-threads", "--threads-draft"],
+           "-t: serve's slots share its threads, and drafting takes the CPUs they leave free")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all routes but /health)")
@@ -100,9 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"tokens a request generates when it sets no max_tokens (default {SERVER_N_PREDICT}; "
                         f"{UNTIL_FULL}: until the end of the text or a full context)")
     p.add_argument("-a", "--alias", default=None, help="model name the API reports (default: the file's stem)")
-    p.add_argument("--chat-template", "--chat-template-file", dest="chat_template", metavar="FILE", default=None,
-                   help="a Jinja chat template file used instead of the GGUF's (default: the GGUF's, else "
-                        "Gemma 4's format)")
+    add_chat_template_args(p)
     p.add_argument("--spec-draft-n-max", "--draft-max", dest="draft_n_max", type=int, default=None,
                    help="default tokens drafted per round (default from --preset; requests may override)")
     cache = next(f for f in fields(DraftParams) if f.name == "cache_prompt")
