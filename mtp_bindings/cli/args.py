@@ -55,9 +55,9 @@ def _gpu_layers_draft(value: str) -> int | None:
     return None if value == GPU_LAYERS_AUTO else _gpu_layers(value)
 
 
-def add_model_args(p: argparse.ArgumentParser, *, no_mtp: bool = True, draft_threads: bool = True) -> None:
+def add_model_args(p: argparse.ArgumentParser, *, no_mtp: bool = True) -> None:
     """The model, its assistant, its placement and its context; with ``no_mtp``, the choice of plain
-    decoding and llama.cpp's speculative flags (:mod:`.upstream`; ``-td`` with ``draft_threads``)."""
+    decoding and llama.cpp's speculative flags (:mod:`.upstream`)."""
     p.add_argument("-m", "--model", type=Path, default=None,
                    help="target GGUF (default: the bundled tiny trained model, which writes gibberish)")
     p.add_argument("--mtp-head", "-md", "--model-draft", "--spec-draft-model", dest="mtp_head", type=Path,
@@ -66,7 +66,7 @@ def add_model_args(p: argparse.ArgumentParser, *, no_mtp: bool = True, draft_thr
                         "none found: plain decoding)")
     if no_mtp:
         p.add_argument("--no-mtp", action="store_true", help="attach no assistant: plain decoding")
-        add_speculative_args(p, draft_threads=draft_threads)
+        add_speculative_args(p)
     p.add_argument("-c", "--ctx-size", type=int, default=None,
                    help=f"context size in tokens (default: the model's training context, at most {DEFAULT_N_CTX}; "
                         "0: the whole training context)")

@@ -129,6 +129,8 @@ UNSUPPORTED: tuple[tuple[tuple[str, ...], str], ...] = (
     (("--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled", "--control-vector-layer-range"),
      "a merged GGUF: adapters are not supported"),
     (("--draft-min", "--draft-n-min"), "--spec-draft-n-min (llama.cpp's own new name)"),
+    (("-tbd", "--spec-draft-threads-batch", "--threads-batch-draft"),
+     "-tb: the assistant reads the target's KV cache, it has no prompt of its own to process"),
     (("-cd", "--ctx-size-draft", "--spec-replace", "-ctkd", "-ctvd", "--spec-draft-type-k", "--spec-draft-type-v",
       "--cache-type-k-draft", "--cache-type-v-draft"),
      "--spec-draft-n-max: the assistant drafts in the target's own context"),

@@ -92,9 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Serve the model over an OpenAI-compatible API: /v1/chat/completions, "
                                    "/v1/completions, /v1/models, /health, /metrics. Ctrl-C stops it; open requests "
                                    "get a 503 error.")
-    add_model_args(p, draft_threads=False)
-    refuse(p, ["-td", "--spec-draft-threads", "--threads-draft"],
-           "-t: serve's slots share its threads, and drafting takes the CPUs they leave free")
+    add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all routes but /health)")

@@ -19,7 +19,7 @@ from ..exceptions import AssistantLoadError, ModelLoadError
 from ..limits import default_n_ctx
 from .flags import PROG, CLIError, flag
 from .interrupt import Interrupt
-from .upstream import SPEC_MTP, apply_draft_threads, check_draft_n_min, wants_mtp
+from .upstream import SPEC_MTP, check_draft_n_min, check_draft_threads, wants_mtp
 
 
 def model_files(args: argparse.Namespace) -> tuple[Path, Path | None, bool, str | None]:
@@ -37,7 +37,7 @@ def model_files(args: argparse.Namespace) -> tuple[Path, Path | None, bool, str 
         looked = ", ".join(c.name for c in models.assistant_candidates(target)[:2])
         if mtp:
             raise CLIError(f"{flag(args, 'spec_type')} {SPEC_MTP} needs an MTP assistant: none given "
-                           f"({flag(args, 'mtp_head')} FILE) or found beside {target.name} (looked for {looked}, ...)")
+                           f"(--spec-draft-model or --mtp-head FILE) or found beside {target.name} (looked for {looked}, ...)")
         return target, None, False, (f"no MTP assistant given (--mtp-head) or found beside {target.name} "
                                      f"(looked for {looked}, ...): plain decoding")
     if args.model is None:
@@ -81,6 +81,7 @@ def load(args: argparse.Namespace, interrupt: Interrupt) -> Any:
     from .. import Model
 
     check_draft_n_min(args)
+    check_draft_threads(args)
     target, assistant, named, note = model_files(args)
     if args.rpc and args.n_gpu_layers == 0:
         # as in llama.cpp, --rpc only adds devices; -ngl is what puts layers on them
@@ -141,7 +142,6 @@ def session(args: argparse.Namespace, interrupt: Interrupt) -> Iterator[tuple[An
         with interrupt.deferred(second_raises=False):
             ctx = model.create_context(**context_kwargs(args, model))
         with ctx:
-            apply_draft_threads(args, model, ctx)
             if interrupt.requested:
                 raise KeyboardInterrupt
             yield model, ctx

@@ -11,7 +11,8 @@ turn each into what this package does, or refuse it by name when we cannot honou
 * ``--spec-draft-n-min N`` (upstream: a draft shorter than ``N`` is dropped): 0 is what we do; ``N`` up
   to a fixed draft count is met by every round; with ``--preset auto`` (a count chosen each round)
   it is refused.
-* ``-td`` / ``--spec-draft-threads``: the threads of asynchronous drafting (``Context.set_mtp_threads``).
+* ``-td`` / ``--spec-draft-threads``: MTP drafting computes with the compute threads (``-t``): ``-td N``
+  is accepted beside ``-t N``, any other count refused.
 * ``--jinja``: a no-op (the GGUF's Jinja template is always used); ``--no-jinja`` is refused.
 
 The draft model, its layers and devices (``--spec-draft-model``, ``--spec-draft-ngl``,
@@ -22,7 +23,6 @@ text, only the speed.
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from .flags import CLIError, flag
 
@@ -65,9 +65,9 @@ def _p_min(value: str) -> float:
     return p
 
 
-def add_speculative_args(p: argparse.ArgumentParser, *, draft_threads: bool = True) -> None:
-    """llama.cpp's ``--spec-type``, ``--spec-draft-p-min``, ``--spec-draft-n-min`` (and ``-td`` where
-    the command can set drafting threads), with the meaning in the module's docstring."""
+def add_speculative_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's ``--spec-type``, ``--spec-draft-p-min``, ``--spec-draft-n-min``, ``-td`` and
+    ``--jinja``, with the meaning in the module's docstring."""
     p.add_argument("--spec-type", dest="spec_type", type=spec_type, default=None, metavar="TYPE",
                    help=f"llama.cpp's speculative type: {SPEC_MTP} (MTP: an assistant is required, named by "
                         f"--mtp-head or found beside the model) or {SPEC_NONE} (plain decoding, as --no-mtp); "
@@ -78,11 +78,9 @@ def add_speculative_args(p: argparse.ArgumentParser, *, draft_threads: bool = Tr
     p.add_argument("--spec-draft-n-min", dest="draft_n_min", type=int, default=N_MIN_OFF, metavar="N",
                    help=f"llama.cpp's smallest draft kept (default {N_MIN_OFF}): met by a fixed count "
                         "(--spec-draft-n-max) of at least N; refused with --preset auto")
-    if draft_threads:
-        p.add_argument("-td", "--spec-draft-threads", "--threads-draft", dest="draft_threads", type=int,
-                       default=None, metavar="N",
-                       help="threads of MTP drafting while the target verifies (default: the CPUs the "
-                            "compute threads leave free, at least 1; <= 0: every usable CPU, as llama.cpp)")
+    p.add_argument("-td", "--spec-draft-threads", "--threads-draft", dest="draft_threads", type=int, default=None,
+                   metavar="N", help="llama.cpp's draft threads: MTP drafting computes with the compute threads "
+                                     "(-t), so only -td N beside -t N (the same count) is accepted")
     p.add_argument("--jinja", dest="jinja", action="store_true", default=True,
                    help="accepted for llama.cpp's command lines; changes nothing: the chat template (the "
                         "GGUF's, or --chat-template's) is always rendered with Jinja")
@@ -121,15 +119,15 @@ def check_draft_n_min(args: argparse.Namespace) -> None:
                        f"({flag(args, 'draft_n_max')} or --preset sets them)")
 
 
-def apply_draft_threads(args: argparse.Namespace, model: Any, ctx: Any) -> None:
-    """``-td``: the context's asynchronous drafting threads (<= 0: every usable CPU, as llama.cpp's
-    ``std::thread::hardware_concurrency()``). Nothing to set without an assistant (plain decoding)."""
+def check_draft_threads(args: argparse.Namespace) -> None:
+    """``-td N``: MTP drafting computes with the context's compute threads (each round waits for its
+    draft before the next decode, so it takes the threads the target would use;
+    :class:`~mtp_bindings.generation.drafter.MTPDrafter`), so ``-td`` is honoured only when it says
+    the same as ``-t``; any other count is refused rather than ignored."""
     n = getattr(args, "draft_threads", None)
-    if n is None or not model.has_assistant:
+    if n is None or wants_mtp(args) is False:
         return
-    if n <= 0:
-        from ..threads import usable_cpus
-
-        n = usable_cpus()
-    ctx.set_mtp_threads(n)
-
+    if args.threads is None or n != args.threads:
+        raise CLIError(f"{flag(args, 'draft_threads')} {n}: not supported: MTP drafting computes with the compute "
+                       f"threads, {flag(args, 'threads')} N (each round waits for its draft); -td N is accepted "
+                       "beside -t N, the same count")
