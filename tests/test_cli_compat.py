@@ -150,6 +150,15 @@ def test_a_template_file_renders_like_the_builtin_of_the_same_format(tmp_path):
         assert by_file.returncode == 0 and by_file.stdout == by_name.stdout, by_file.stderr
 
 
+def test_serve_with_chat_template_chatml_renders_chatml(tmp_path):
+    from test_server import running_server
+
+    with running_server(["-c", "512", "--chat-template", "chatml"], tmp_path) as server, server.client() as c:
+        r = c.post("/apply-template", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt"].endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+
+
 def test_an_unknown_template_name_lists_the_builtin_ones():
     one_error(run("chat", "--chat-template", "chatmlx"), "--chat-template chatmlx: no such file, and not one of "
               "llama.cpp's built-in chat templates:", "chatml", "llama3", "gemma")

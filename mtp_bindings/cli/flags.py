@@ -109,7 +109,8 @@ UNSUPPORTED: tuple[tuple[tuple[str, ...], str], ...] = (
     (("-r", "--reverse-prompt"), "--stop STRING"),
     (("-e", "--escape", "--no-escape"), "-f FILE for a multi-line prompt: the prompt is used as given"),
     (("--jinja", "--chat-template", "--chat-template-file"),
-     "chat or serve --chat-template NAME|FILE: generate continues the prompt as given, with no chat template"),
+     "chat or serve --chat-template NAME|FILE; generate and demo continue the prompt as given, with no chat "
+     "template"),
     (("--no-jinja",), "--chat-template NAME for one of llama.cpp's built-in formats: templates are rendered "
                       "with Jinja"),
     (("-b", "--batch-size", "-ub", "--ubatch-size"), "the Python API: create_context(n_batch=, n_ubatch=)"),
