@@ -117,6 +117,24 @@ def test_jinja_is_accepted_and_no_jinja_refused():
     one_error(run("chat", "--no-jinja"), "not supported: --no-jinja (use --chat-template NAME")
 
 
+def test_batch_flags_set_the_contexts_batches_and_b_alone_clamps_ub_as_llama_cpp():
+    from mtp_bindings.cli.interrupt import Interrupt
+    from mtp_bindings.cli.session import session
+
+    for flags, want in ((["-b", "64", "-ub", "32"], (64, 32)), (["-b", "256"], (256, 256)), (["-b", "16"], (16, 16))):
+        with session(parse("generate", "-p", "x", *flags), Interrupt()) as (_, ctx):
+            assert (ctx.params.n_batch, ctx.params.n_ubatch) == want, flags
+
+
+def test_a_small_batch_gives_the_same_text():
+    assert generate_json("-b", "8", "-ub", "8")["tokens"] == generate_json()["tokens"]
+
+
+def test_a_batch_smaller_than_an_mtp_round_is_refused():
+    one_error(run("generate", "-p", "x", "-b", "4"), "-b 4 is less than the 7 tokens an MTP round verifies")
+    assert run("generate", "-p", "x", "-n", "2", "-b", "4", "--no-mtp").returncode == 0
+
+
 # --- item 6: --chat-template NAME ---------------------------------------------------------------
 
 def test_a_builtin_template_name_renders_llama_cpps_format():

@@ -124,6 +124,16 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", default=None, help="append an NDJSON acceptance trace to this file ('1': stderr)")
 
 
+def add_batch_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's ``-b`` / ``-ub``: the context's logical and physical batch (the prompt is decoded
+    in chunks of ``-b`` tokens); defaults the library's (:class:`~mtp_bindings.params.ContextParams`)."""
+    p.add_argument("-b", "--batch-size", dest="batch_size", type=int, default=CONTEXT_DEFAULTS.n_batch,
+                   help=f"logical batch size: prompt tokens decoded at once (default {CONTEXT_DEFAULTS.n_batch})")
+    p.add_argument("-ub", "--ubatch-size", dest="ubatch_size", type=int, default=None,
+                   help=f"physical batch size, at most -b (default {CONTEXT_DEFAULTS.n_ubatch}, or -b where that "
+                        "is less, as llama.cpp clamps it)")
+
+
 def add_constraint_args(p: argparse.ArgumentParser) -> None:
     """llama.cpp's structured-output flags, one of them at most: every token then follows the grammar
     (see :mod:`mtp_bindings.generation.constraint`; needs the [structured] extra)."""

@@ -101,7 +101,7 @@ class SubcommandParser(Parser):
 UNSUPPORTED: tuple[tuple[tuple[str, ...], str], ...] = (
     (("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-hft", "--hf-token", "-mu", "--model-url"),
      "-m FILE, with the GGUF downloaded yourself"),
-    (("-hfd", "-hfrd", "--hf-repo-draft"), "--mtp-head FILE, with the assistant GGUF downloaded yourself"),
+    (("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf"), "--mtp-head FILE, with the assistant GGUF downloaded yourself"),
     (("-f", "--file"), "generate -f FILE; chat reads its turns from stdin: mtp-bindings chat < FILE"),
     (("-sys", "--system-prompt"), "mtp-bindings chat --system TEXT"),
     (("-cnv", "--conversation", "-i", "--interactive", "-if", "--interactive-first"), "mtp-bindings chat"),
@@ -113,7 +113,8 @@ UNSUPPORTED: tuple[tuple[tuple[str, ...], str], ...] = (
      "template"),
     (("--no-jinja",), "--chat-template NAME for one of llama.cpp's built-in formats: templates are rendered "
                       "with Jinja"),
-    (("-b", "--batch-size", "-ub", "--ubatch-size"), "the Python API: create_context(n_batch=, n_ubatch=)"),
+    (("-b", "--batch-size", "-ub", "--ubatch-size"),
+     "generate or chat -b / -ub; serve's slots keep the library's batch sizes (ContextParams)"),
     (("--mlock", "--numa", "-nkvo", "--no-kv-offload", "-dt", "--defrag-thold", "--rope-scaling", "--rope-scale",
       "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx", "--yarn-ext-factor", "--yarn-attn-factor",
       "--yarn-beta-slow", "--yarn-beta-fast", "--override-kv", "--keep"),
@@ -130,6 +131,10 @@ UNSUPPORTED: tuple[tuple[tuple[str, ...], str], ...] = (
     (("--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled", "--control-vector-layer-range"),
      "a merged GGUF: adapters are not supported"),
     (("--draft-min", "--draft-n-min"), "--spec-draft-n-min (llama.cpp's own new name)"),
+    (("--spec-default",), "nothing: MTP is on whenever an assistant is given or found (--spec-type draft-mtp "
+                          "requires one); llama.cpp's n-gram drafting is not available"),
+    (("--spec-draft-p-split", "--draft-p-split", "--spec-draft-backend-sampling", "--no-spec-draft-backend-sampling"),
+     "--spec-draft-n-max / --preset: the assistant drafts one chain by argmax"),
     (("-tbd", "--spec-draft-threads-batch", "--threads-batch-draft"),
      "-tb: the assistant reads the target's KV cache, it has no prompt of its own to process"),
     (("-cd", "--ctx-size-draft", "--spec-replace", "-ctkd", "-ctvd", "--spec-draft-type-k", "--spec-draft-type-v",
@@ -194,7 +199,8 @@ PARAM_DEST = {
     "skip_streak": "skip_streak", "type_k": "cache_type_k", "type_v": "cache_type_v", "flash_attn": "flash_attn",
     "n_slots": "parallel", "n_predict": "n_predict", "port": "port", "n_gpu_layers": "n_gpu_layers",
     "n_gpu_layers_draft": "n_gpu_layers_draft", "n_threads_batch": "threads_batch", "devices": "device",
-    "rpc_servers": "rpc", "grammar": "grammar", "json_schema": "json_schema",
+    "rpc_servers": "rpc", "grammar": "grammar", "json_schema": "json_schema", "n_batch": "batch_size",
+    "n_ubatch": "ubatch_size",
 }
 
 

@@ -16,7 +16,7 @@ from .. import __version__
 from ..limits import SERVER_N_PREDICT, UNTIL_FULL
 from ..params import RPC_SERVER_HOST, RPC_SERVER_PORT, DraftParams
 from . import chat_commands
-from .args import add_chat_template_args, add_drafting_args, add_model_args, add_preset_arg, add_sampling_args
+from .args import add_batch_args, add_chat_template_args, add_drafting_args, add_model_args, add_preset_arg, add_sampling_args
 from .demo import DEMO_N_PREDICT, DEMO_PAIRS, DEMO_PROMPT, cmd_demo
 from .flags import PROG, Parser, SubcommandParser, refuse, refuse_unsupported
 from .generate import cmd_chat, cmd_generate
@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Generate a continuation of a prompt: text on stdout as it comes, speed and "
                                    "acceptance on stderr. Ctrl-C stops it early (exit status 130).")
     add_model_args(p)
+    add_batch_args(p)
     add_sampling_args(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-p", "--prompt", help="the prompt text")
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    f"sent to the model: {chat_commands.summary()}; // sends a line starting with "
                                    "one /. Ctrl-C stops the reply being written; Ctrl-C at the prompt ends the chat.")
     add_model_args(p)
+    add_batch_args(p)
     add_sampling_args(p)
     p.add_argument("--system", "-sys", "--system-prompt", dest="system", default=None, help="a system message")
     p.add_argument("--stats", action="store_true", help="print tokens/s and acceptance after each reply")

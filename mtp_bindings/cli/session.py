@@ -17,6 +17,7 @@ from typing import Any
 from .. import models
 from ..exceptions import AssistantLoadError, ModelLoadError
 from ..limits import default_n_ctx
+from .args import CONTEXT_DEFAULTS
 from .flags import PROG, CLIError, flag
 from .interrupt import Interrupt
 from .upstream import SPEC_MTP, check_draft_n_min, check_draft_threads, wants_mtp
@@ -69,10 +70,29 @@ def load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def context_kwargs(args: argparse.Namespace, model: Any) -> dict[str, Any]:
-    """A context's arguments from the flags (``-c``, ``-t``, ``-tb``, ``-ctk``, ``-ctv``, ``-fa``)."""
+    """A context's arguments from the flags (``-c``, ``-t``, ``-tb``, ``-ctk``, ``-ctv``, ``-fa``; ``-b``,
+    ``-ub`` where the command has them)."""
+    batch = {}
+    if hasattr(args, "batch_size"):
+        ubatch = min(CONTEXT_DEFAULTS.n_ubatch, args.batch_size) if args.ubatch_size is None else args.ubatch_size
+        batch = {"n_batch": args.batch_size, "n_ubatch": ubatch}
+        if model.has_assistant:
+            _check_verify_rows(args)
     return dict(n_ctx=n_ctx(model, args), n_threads=args.threads, n_threads_batch=args.threads_batch,
                 type_k=args.cache_type_k, type_v=args.cache_type_v, flash_attn=args.flash_attn,
-                embeddings=model.has_assistant)
+                embeddings=model.has_assistant, **batch)
+
+
+def _check_verify_rows(args: argparse.Namespace) -> None:
+    """An MTP round verifies its drafts and the token before them in one decode, which must fit one
+    batch: ``-b`` below that is refused (the library would split the decode and lose its rows)."""
+    from ..generation.driver import draft_params  # the one rule for preset + count
+
+    rows = draft_params(draft_n_max=args.draft_n_max, preset=args.preset).draft_n_max + 1
+    if args.batch_size < rows:
+        raise CLIError(f"{flag(args, 'batch_size')} {args.batch_size} is less than the {rows} tokens an MTP round "
+                       f"verifies at once (the drafts, {flag(args, 'draft_n_max')} or --preset's, and one more): "
+                       f"give {flag(args, 'batch_size')} {rows} or more, fewer drafts, or --no-mtp")
 
 
 def load(args: argparse.Namespace, interrupt: Interrupt) -> Any:
