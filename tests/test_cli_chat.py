@@ -80,6 +80,14 @@ def test_a_path_is_a_message_not_a_command():
     assert replies(chat("/usr/bin/env python?\n")) == 1
 
 
+def test_p_is_the_first_turn_and_st_ends_after_its_reply():
+    both = chat("hello\n", "-p", "write a function")
+    assert replies(both) == 2 and both.stdout.startswith(reply_to("write a function") + "\n")
+    one = chat("hello\n", "-p", "write a function", "-st")
+    assert replies(one) == 1 and one.stdout == reply_to("write a function") + "\n"
+    assert replies(chat("write a function\nhello\n", "-st")) == 1
+
+
 def test_chat_help_lists_the_commands():
     out = run("chat", "--help")
     text = " ".join(out.stdout.split())

@@ -238,7 +238,8 @@ def test_every_unsupported_flag_is_refused_by_every_command_that_lacks_it():
     template = ("--chat-template", "--chat-template-file")
     batch = ("-b", "--batch-size", "-ub", "--ubatch-size")
     assert sorted(supported) == sorted(
-        [("chat", "--system-prompt"), ("chat", "-sys"), ("generate", "--file"), ("generate", "-f")]
+        [("chat", "--system-prompt"), ("chat", "-sys"), ("chat", "-st"), ("chat", "--single-turn"),
+         ("generate", "--file"), ("generate", "-f")]
         + [(c, "--jinja") for c in ("generate", "chat", "serve")]
         + [(c, f) for c in ("chat", "serve") for f in template]
         + [(c, f) for c in ("generate", "chat") for f in constraint + batch])

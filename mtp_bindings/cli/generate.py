@@ -143,9 +143,9 @@ def cmd_generate(args: argparse.Namespace, interrupt: Interrupt) -> int:
 
 
 def cmd_chat(args: argparse.Namespace, interrupt: Interrupt) -> int:
-    """Interactive chat on stdin/stdout: one line per user turn, and the commands of
-    :mod:`.chat_commands` (/help, /clear, /regen, /read FILE, /exit; EOF ends too). Ctrl-C stops
-    the reply being written; Ctrl-C at the prompt ends the chat."""
+    """Interactive chat on stdin/stdout: one line per user turn (``-p``: the first), and the commands
+    of :mod:`.chat_commands` (/help, /clear, /regen, /read FILE, /exit; EOF ends too; ``-st``: the
+    first reply does). Ctrl-C stops the reply being written; Ctrl-C at the prompt ends the chat."""
     template = chat_template(args)
     with session(args, interrupt) as (model, ctx):
         system = [{"role": "system", "content": args.system}] if args.system else []
@@ -153,16 +153,20 @@ def cmd_chat(args: argparse.Namespace, interrupt: Interrupt) -> int:
         attached: list[str] = []  # /read files, for the next message
         kwargs = gen_kwargs(args, ctx)
         interactive = sys.stdin.isatty()
+        first = args.prompt  # -p: the first turn, as llama-cli's
         while True:
-            if interactive:
-                print("> ", end="", flush=True)
-            try:
-                line = sys.stdin.readline()
-            except KeyboardInterrupt:
-                print()
-                return INTERRUPTED
-            if not line:
-                return 0
+            if first is not None:
+                line, first = first, None
+            else:
+                if interactive:
+                    print("> ", end="", flush=True)
+                try:
+                    line = sys.stdin.readline()
+                except KeyboardInterrupt:
+                    print()
+                    return INTERRUPTED
+                if not line:
+                    return 0
             try:
                 read = read_line(line)
             except UnknownCommand as e:
@@ -191,6 +195,8 @@ def cmd_chat(args: argparse.Namespace, interrupt: Interrupt) -> int:
             messages.append({"role": "user", "content": "".join(attached) + read})
             attached = []
             _reply(args, model, ctx, messages, kwargs, template, interrupt)
+            if args.single_turn:
+                return INTERRUPTED if interrupt.requested else 0
 
 
 def _read_file(name: str) -> list[str]:

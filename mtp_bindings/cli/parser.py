@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_batch_args(p)
     add_sampling_args(p)
     p.add_argument("--system", "-sys", "--system-prompt", dest="system", default=None, help="a system message")
+    p.add_argument("-p", "--prompt", default=None, help="the first user turn (then stdin's lines, as llama-cli)")
+    p.add_argument("-st", "--single-turn", action="store_true",
+                   help="end after the first reply (to -p, else to stdin's first line), as llama-cli")
     p.add_argument("--stats", action="store_true", help="print tokens/s and acceptance after each reply")
     add_chat_template_args(p)
     p.set_defaults(func=cmd_chat)
