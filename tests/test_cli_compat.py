@@ -160,7 +160,8 @@ def test_chat_with_chat_template_chatml_answers_the_chatml_prompt():
 
 def test_a_template_file_renders_like_the_builtin_of_the_same_format(tmp_path):
     f = tmp_path / "chatml.jinja"
-    f.write_text("{{ bos_token }}{% for m in messages %}{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}"
+    f.write_text("{{ bos_token }}{% for m in messages %}"
+                 "{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}"
                  "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
     by_name = run("chat", "-n", "16", "--chat-template", "chatml", stdin="hello\n")
     for flag in ("--chat-template", "--chat-template-file"):

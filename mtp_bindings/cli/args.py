@@ -61,7 +61,8 @@ def add_model_args(p: argparse.ArgumentParser, *, no_mtp: bool = True) -> None:
     p.add_argument("-m", "--model", type=Path, default=None,
                    help="target GGUF (default: the bundled tiny trained model, which writes gibberish)")
     p.add_argument("--mtp-head", "-md", "--model-draft", "--spec-draft-model", dest="mtp_head", type=Path,
-                   default=None, help="MTP assistant GGUF to attach (default: the one named like the model beside it, e.g. "
+                   default=None,
+                   help="MTP assistant GGUF to attach (default: the one named like the model beside it, e.g. "
                         "NAME-assistant-Q4_K_M.gguf for NAME-Q4_K_M.gguf or X-assistant.gguf for X-target.gguf; "
                         "none found: plain decoding)")
     if no_mtp:

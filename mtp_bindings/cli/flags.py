@@ -101,7 +101,8 @@ class SubcommandParser(Parser):
 UNSUPPORTED: tuple[tuple[tuple[str, ...], str], ...] = (
     (("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-hft", "--hf-token", "-mu", "--model-url"),
      "-m FILE, with the GGUF downloaded yourself"),
-    (("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf"), "--mtp-head FILE, with the assistant GGUF downloaded yourself"),
+    (("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf"),
+     "--mtp-head FILE, with the assistant GGUF downloaded yourself"),
     (("-f", "--file"), "generate -f FILE; chat reads its turns from stdin: mtp-bindings chat < FILE"),
     (("-sys", "--system-prompt"), "mtp-bindings chat --system TEXT"),
     (("-cnv", "--conversation", "-i", "--interactive", "-if", "--interactive-first"), "mtp-bindings chat"),

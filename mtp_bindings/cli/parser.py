@@ -16,7 +16,8 @@ from .. import __version__
 from ..limits import SERVER_N_PREDICT, UNTIL_FULL
 from ..params import RPC_SERVER_HOST, RPC_SERVER_PORT, DraftParams
 from . import chat_commands
-from .args import add_batch_args, add_chat_template_args, add_drafting_args, add_model_args, add_preset_arg, add_sampling_args
+from .args import (add_batch_args, add_chat_template_args, add_drafting_args, add_model_args, add_preset_arg,
+                   add_sampling_args)
 from .demo import DEMO_N_PREDICT, DEMO_PAIRS, DEMO_PROMPT, cmd_demo
 from .flags import PROG, Parser, SubcommandParser, refuse, refuse_unsupported
 from .generate import cmd_chat, cmd_generate

@@ -38,7 +38,8 @@ def model_files(args: argparse.Namespace) -> tuple[Path, Path | None, bool, str 
         looked = ", ".join(c.name for c in models.assistant_candidates(target)[:2])
         if mtp:
             raise CLIError(f"{flag(args, 'spec_type')} {SPEC_MTP} needs an MTP assistant: none given "
-                           f"(--spec-draft-model or --mtp-head FILE) or found beside {target.name} (looked for {looked}, ...)")
+                           f"(--spec-draft-model or --mtp-head FILE) or found beside {target.name} (looked for "
+                           f"{looked}, ...)")
         return target, None, False, (f"no MTP assistant given (--mtp-head) or found beside {target.name} "
                                      f"(looked for {looked}, ...): plain decoding")
     if args.model is None:
