@@ -1,8 +1,8 @@
 """Prompts to tokens: render a list of messages with the GGUF's own jinja2 chat template (or one
-given instead; Gemma 4's format when the GGUF has none), with tools and template arguments, and the
-one rule for tokenizing each kind of prompt (:data:`CHAT_TOKENIZE` / :func:`chat_tokens` for chats,
-:data:`TEXT_TOKENIZE` / :func:`text_tokens` for plain text) that ``generate`` / ``chat`` and the
-server's endpoints share."""
+given instead, or one of llama.cpp's built-in formats by name; Gemma 4's format when the GGUF has
+none), with tools and template arguments, and the one rule for tokenizing each kind of prompt
+(:data:`CHAT_TOKENIZE` / :func:`chat_tokens` for chats, :data:`TEXT_TOKENIZE` / :func:`text_tokens`
+for plain text) that ``generate`` / ``chat`` and the server's endpoints share."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .builtin_templates import apply_builtin_template, is_builtin_template
 from .chat_reply import MARKERS, reply_prefix
 from .exceptions import InvalidParameterError
 from .gemma4_template import GEMMA4_TEMPLATE
@@ -29,7 +30,8 @@ GEMMA_TEMPLATE = GEMMA4_TEMPLATE
 @dataclass(frozen=True)
 class ChatOptions:
     """How a chat is rendered beyond its messages: the ``tools`` offered (OpenAI's list of
-    ``{"type": "function", "function": {...}}``), a ``template`` source overriding the GGUF's, and
+    ``{"type": "function", "function": {...}}``), a ``template`` overriding the GGUF's (a Jinja source,
+    or the name of one of llama.cpp's built-in formats: :mod:`.builtin_templates`), and
     ``kwargs`` passed to the template as variables (``enable_thinking`` and any other)."""
 
     tools: list[dict[str, Any]] | None = None
@@ -85,6 +87,8 @@ def render_chat(model: LlamaModel, messages: Sequence[Mapping[str, Any]], add_ge
 
     opts = options or ChatOptions()
     validate_messages(messages)
+    if is_builtin_template(opts.template):
+        return _render_builtin(model, messages, add_generation_prompt, opts)
     env = template_environment()
     try:
         tmpl = env.from_string(_template_source(model, opts))
@@ -95,6 +99,24 @@ def render_chat(model: LlamaModel, messages: Sequence[Mapping[str, Any]], add_ge
                  "bos_token": _special_text(model, model.token_bos) if model.add_bos else "",
                  "eos_token": _special_text(model, model.token_eos)}
     return tmpl.render(**variables)
+
+
+def _render_builtin(model: LlamaModel, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
+                    opts: ChatOptions) -> str:
+    """``messages`` in llama.cpp's built-in format ``opts.template`` (:mod:`.builtin_templates`), after
+    the model's BOS as the Jinja path's ``bos_token`` puts it (llama.cpp's tokenizer adds it there).
+    Those formats know no tools and no template arguments: asking for either is an error, not a
+    prompt that silently lacks them."""
+    name = opts.template
+    if opts.tools:
+        raise InvalidParameterError(f"llama.cpp's built-in chat template {name!r} has no tool calls: use a Jinja "
+                                    "template that has (the GGUF's, or a file)")
+    if opts.kwargs:
+        raise InvalidParameterError(f"llama.cpp's built-in chat template {name!r} takes no template arguments "
+                                    f"(got {', '.join(map(str, opts.kwargs))})")
+    text = apply_builtin_template(str(name), messages, add_generation_prompt)
+    bos = _special_text(model, model.token_bos) if model.add_bos else ""
+    return text if text.startswith(bos) else bos + text
 
 
 def chat_prompt(model: LlamaModel, messages: Sequence[Mapping[str, Any]],

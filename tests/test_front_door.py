@@ -233,8 +233,16 @@ def test_every_unsupported_flag_is_refused_by_every_command_that_lacks_it():
                 with redirect_stderr(err), pytest.raises(SystemExit) as e:
                     parser.parse_args([command, flag, "1"])
                 assert e.value.code == 2 and f"not supported: {flag} (use " in err.getvalue(), (command, flag)
-    assert sorted(supported) == [("chat", "--system-prompt"), ("chat", "-sys"), ("generate", "--file"),
-                                 ("generate", "-f"), ("serve", "--chat-template"), ("serve", "--chat-template-file")]
+    # the llama.cpp flags a command has itself (issue 26: --jinja, --chat-template, grammars, batches)
+    constraint = ("--grammar", "--grammar-file", "-j", "--json-schema", "-jf", "--json-schema-file")
+    template = ("--chat-template", "--chat-template-file")
+    batch = ("-b", "--batch-size", "-ub", "--ubatch-size")
+    assert sorted(supported) == sorted(
+        [("chat", "--system-prompt"), ("chat", "-sys"), ("chat", "-st"), ("chat", "--single-turn"),
+         ("generate", "--file"), ("generate", "-f")]
+        + [(c, "--jinja") for c in ("generate", "chat", "serve")]
+        + [(c, f) for c in ("chat", "serve") for f in template]
+        + [(c, f) for c in ("generate", "chat") for f in constraint + batch])
 
 
 def test_flag_defaults_are_the_librarys():

@@ -20,7 +20,8 @@ ROOT = "mtp_bindings"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("pure", ("exceptions", "limits", "params", "presets", "threads", "env", "models", "chat_reply", "template_env",
               "gemma4_template")),
-    ("native", ("_ffi", "_native", "_backends", "low_level", "_handle", "devices", "mtp_status", "threadpool")),
+    ("native", ("_ffi", "_native", "_backends", "low_level", "_handle", "devices", "mtp_status", "threadpool",
+                "builtin_templates")),
     ("core", ("context", "model")),
     ("mtp", ("mtp", "chat_template")),
     ("generation", ("generation",)),

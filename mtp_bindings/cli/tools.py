@@ -10,11 +10,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from pathlib import Path
 
 from .flags import PROG, USAGE_ERROR, CLIError, error_line, flag
 from .interrupt import Interrupt
-from .session import load, n_ctx
+from .session import chat_template, load, n_ctx
 
 
 def cmd_serve(args: argparse.Namespace, interrupt: Interrupt) -> int:
@@ -27,12 +26,7 @@ def cmd_serve(args: argparse.Namespace, interrupt: Interrupt) -> int:
         raise CLIError(f"{flag(args, 'parallel')} must be at least 1, got {args.parallel}")
     if not 0 <= args.port <= 65535:
         raise CLIError(f"{flag(args, 'port')} must be in 0..65535, got {args.port}")
-    template = None
-    if args.chat_template is not None:
-        try:
-            template = Path(args.chat_template).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise CLIError(f"{flag(args, 'chat_template')}: cannot read {args.chat_template}: {e}") from None
+    template = chat_template(args)
     logging.getLogger("mtp_bindings.server").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     with load(args, interrupt) as model:
         serve(model, host=args.host, port=args.port, model_name=args.alias, api_key=args.api_key,
