@@ -5,6 +5,13 @@ A context serializes its own use: calls from several threads take turns (each pu
 the context's lock), so two threads sharing one context get consistent, if interleaved, results.
 Give each thread its own context for parallel work.
 
+A generation owns its context from its first token to its end (:meth:`Context.generation_claim`):
+a second generation on a context that one is using -- a stream kept suspended in a variable, on this
+thread or another -- raises :class:`~mtp_bindings.exceptions.ContextBusyError` at once instead of
+waiting (a wait on a suspended generator could last forever) or interleaving with the first (which
+would corrupt its KV). ``Model.generate`` without a ``context`` never meets it: it takes an idle
+context of the model's pool or makes a fresh one.
+
 A context knows nothing of drafting. Layers above it subscribe to its events instead:
 :meth:`Context.on_kv_edit` callbacks run before a destructive KV edit and :meth:`Context.on_close`
 callbacks before the native context is freed (the MTP layer drains its request in flight there).
@@ -17,6 +24,8 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import fields
 from typing import Any, Callable, Literal, Protocol, Sequence, TypeVar
 
@@ -25,7 +34,7 @@ import numpy as np
 from . import _native
 from ._handle import NativeHandle
 from ._native import ffi, lib
-from .exceptions import ContextError, ContextOverflowError, DecodeError, InvalidParameterError
+from .exceptions import ContextBusyError, ContextError, ContextOverflowError, DecodeError, InvalidParameterError
 from .params import FLASH_ATTN, KV_TYPES, THREADS_MAX, ContextParams, valid_thread_count
 from .threads import (ADAPT_INTERVAL_S, ADAPT_SAMPLES, check_threads, default_threads, runnable_threads,
                       threads_for_load, usable_cpus)
@@ -93,6 +102,9 @@ class Context(NativeHandle):
         self.params.validate()
         self.model = model
         self._lock = threading.RLock()
+        # held by the generation using this context, for all of it (suspended stream included); not
+        # re-entrant, never waited on (see generation_claim)
+        self._generation = threading.Lock()
         self._before_kv_edit: list[Callable[[], None]] = []
         self._before_close: list[Callable[[], None]] = []
         self._extensions: dict[str, Any] = {}
@@ -160,6 +172,26 @@ class Context(NativeHandle):
     def lock(self) -> threading.RLock:
         """The context's (re-entrant) lock: hold it to make a sequence of calls one turn."""
         return self._lock  # type: ignore[return-value]
+
+    @contextmanager
+    def generation_claim(self) -> Iterator[Context]:
+        """Own this context for one generation (the driver takes it around a whole generation):
+        :class:`~mtp_bindings.exceptions.ContextBusyError` at once when another generation owns it,
+        be it on this thread or another, running or a stream suspended between two pieces."""
+        if not self._generation.acquire(blocking=False):
+            raise ContextBusyError(
+                "another generation is using this context (a stream not yet read to its end or closed?): "
+                "give this one its own context (model.create_context()), or leave context= out and the "
+                "model picks a free one")
+        try:
+            yield self
+        finally:
+            self._generation.release()
+
+    @property
+    def busy(self) -> bool:
+        """Whether a generation owns this context now (see :meth:`generation_claim`)."""
+        return self._generation.locked()
 
     def observe(self, name: str, seconds: float) -> None:
         """Tell the :attr:`observer`, if any, that native call ``name`` took ``seconds``."""
