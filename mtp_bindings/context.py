@@ -5,12 +5,13 @@ A context serializes its own use: calls from several threads take turns (each pu
 the context's lock), so two threads sharing one context get consistent, if interleaved, results.
 Give each thread its own context for parallel work.
 
-A generation owns its context from its first token to its end (:meth:`Context.generation_claim`):
-a second generation on a context that one is using -- a stream kept suspended in a variable, on this
-thread or another -- raises :class:`~mtp_bindings.exceptions.ContextBusyError` at once instead of
-waiting (a wait on a suspended generator could last forever) or interleaving with the first (which
-would corrupt its KV). ``Model.generate`` without a ``context`` never meets it: it takes an idle
-context of the model's pool or makes a fresh one.
+A generation owns its context from its first token to its end (:meth:`Context.generation_claim`),
+so two never interleave on one KV cache. A second generation asked of an owned context waits its
+turn when the owner is another thread's whole (non-stream) generation, which runs to its end; when
+the owner is a stream -- which its reader may keep suspended in a variable for any time -- or a
+generation on the same thread, waiting could last forever, so it raises
+:class:`~mtp_bindings.exceptions.ContextBusyError` at once. ``Model.generate`` without a ``context``
+never meets either: the model lends it an idle context of its pool or a fresh one.
 
 A context knows nothing of drafting. Layers above it subscribe to its events instead:
 :meth:`Context.on_kv_edit` callbacks run before a destructive KV edit and :meth:`Context.on_close`
@@ -102,9 +103,10 @@ class Context(NativeHandle):
         self.params.validate()
         self.model = model
         self._lock = threading.RLock()
-        # held by the generation using this context, for all of it (suspended stream included); not
-        # re-entrant, never waited on (see generation_claim)
-        self._generation = threading.Lock()
+        # the generation using this context, for all of it (a suspended stream included): (its thread,
+        # whether it streams); None when free. See generation_claim.
+        self._owner: tuple[int, bool] | None = None
+        self._turn = threading.Condition(threading.Lock())
         self._before_kv_edit: list[Callable[[], None]] = []
         self._before_close: list[Callable[[], None]] = []
         self._extensions: dict[str, Any] = {}
@@ -174,24 +176,36 @@ class Context(NativeHandle):
         return self._lock  # type: ignore[return-value]
 
     @contextmanager
-    def generation_claim(self) -> Iterator[Context]:
-        """Own this context for one generation (the driver takes it around a whole generation):
-        :class:`~mtp_bindings.exceptions.ContextBusyError` at once when another generation owns it,
-        be it on this thread or another, running or a stream suspended between two pieces."""
-        if not self._generation.acquire(blocking=False):
-            raise ContextBusyError(
-                "another generation is using this context (a stream not yet read to its end or closed?): "
-                "give this one its own context (model.create_context()), or leave context= out and the "
-                "model picks a free one")
+    def generation_claim(self, stream: bool = True) -> Iterator[Context]:
+        """Own this context for one generation (the driver takes it around a whole generation;
+        ``stream``: whether the generation is a stream, whose reader may keep it suspended for any
+        time). When another generation owns the context: a whole (non-stream) one on another thread
+        is running to its end, so this waits its turn; a stream, or one on this very thread (which
+        cannot go on while this waits), would make the wait endless, so
+        :class:`~mtp_bindings.exceptions.ContextBusyError` is raised at once."""
+        me = threading.get_ident()
+        with self._turn:
+            while self._owner is not None:
+                owner, owner_streams = self._owner
+                if owner_streams or owner == me:
+                    what = "a stream not yet read to its end or closed" if owner_streams else \
+                        "a generation on this same thread"
+                    raise ContextBusyError(
+                        f"another generation is using this context ({what}): give this one its own context "
+                        "(model.create_context()), or leave context= out and the model lends a free one")
+                self._turn.wait()
+            self._owner = (me, bool(stream))
         try:
             yield self
         finally:
-            self._generation.release()
+            with self._turn:
+                self._owner = None
+                self._turn.notify_all()
 
     @property
     def busy(self) -> bool:
         """Whether a generation owns this context now (see :meth:`generation_claim`)."""
-        return self._generation.locked()
+        return self._owner is not None
 
     def observe(self, name: str, seconds: float) -> None:
         """Tell the :attr:`observer`, if any, that native call ``name`` took ``seconds``."""

@@ -468,7 +468,7 @@ class LlamaModel(NativeHandle):
                                          "embeddings": self.has_assistant or
                                          bool(self.context_settings.get("embeddings"))})
         try:
-            with ctx.generation_claim():
+            with ctx.generation_claim():  # fresh or idle: free (never waits)
                 yield ctx
         finally:
             with self._lock:

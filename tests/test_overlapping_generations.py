@@ -142,3 +142,25 @@ def test_the_model_keeps_at_most_two_idle_generation_contexts(model):
     for s in streams:
         s.close()
     assert len(model._idle) == GENERATION_POOL_IDLE
+
+
+def test_threads_sharing_one_given_context_for_whole_generations_take_turns(model, alone):
+    """A whole (non-stream) generation runs to its end, so another thread's waits for it, in turn."""
+    with model.create_context(n_ctx=256, embeddings=True) as ctx:
+        results: list[tuple[str, str]] = []
+        errors: list[BaseException] = []
+
+        def work(p: str) -> None:
+            try:
+                for _ in range(3):
+                    results.append((p, model.generate(p, max_tokens=N, temperature=0, context=ctx).text))
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(p,), daemon=True) for p in PROMPTS]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(JOIN_TIMEOUT_S)
+        assert not any(t.is_alive() for t in threads) and not errors
+        assert sorted(results) == sorted((p, alone[p]) for p in PROMPTS for _ in range(3))

@@ -21,12 +21,12 @@ def test_context_too_large_for_memory_is_a_context_error_and_others_keep_working
         from mtp_bindings import Model, ContextError
         m = Model({str(fixture_path("dense-target.gguf"))!r})
         small = m.create_context(n_ctx=128)
-        want = m.generate("x = 1", max_tokens=8, draft_n_max=0, context=small).tokens
+        want = m.generate("x = 1", max_tokens=8, draft_n_max=0, context=small, temperature=0).tokens
         try:
             m.create_context(n_ctx=1 << 24, n_batch=4096, n_ubatch=4096)
         except ContextError as e:
             print("CONTEXT_ERROR", str(e)[:200])
-        assert m.generate("x = 1", max_tokens=8, draft_n_max=0, context=small).tokens == want
+        assert m.generate("x = 1", max_tokens=8, draft_n_max=0, context=small, temperature=0).tokens == want
         print("STILL_OK")
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)

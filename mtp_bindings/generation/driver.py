@@ -136,8 +136,9 @@ def generate(
     An invalid schema or grammar raises :class:`InvalidParameterError` naming the problem.
     Contexts: ``context`` (one of ``model.create_context()``) is used by this generation alone from
     its first token to its end, a stream suspended between pieces included; another generation asked
-    of it meanwhile (on any thread) raises :class:`~mtp_bindings.exceptions.ContextBusyError` at
-    once. Without ``context`` the model lends one of its pool (an idle one, else a fresh one; see
+    of it meanwhile waits its turn if the owner is another thread's whole (non-stream) generation, and
+    raises :class:`~mtp_bindings.exceptions.ContextBusyError` at once if the owner is a stream or on
+    the same thread (a wait there could be endless). Without ``context`` the model lends one of its pool (an idle one, else a fresh one; see
     :meth:`~mtp_bindings.model.LlamaModel.generation_context`), so overlapping generations -- two
     streams zipped, a stream kept in a variable while another thread generates -- each get their
     own, neither waits nor disturbs the other. Its size is the model's ``n_ctx`` setting
@@ -187,7 +188,7 @@ def generate(
         max_tokens = n_ctx - len(tokens)
     it = _pieces(model, context, tokens, sp, max_tokens, stops, opts, env_trace() if trace is None else trace, cancel,
                  prompt_progress, None if logprobs is None else LogprobRecorder(logprobs),
-                 None if compiled is None else TokenConstraint(model, compiled), special_tokens)
+                 None if compiled is None else TokenConstraint(model, compiled), special_tokens, stream)
     if stream:
         return it
     pieces = list(it)
@@ -202,7 +203,8 @@ def _pieces(model: LlamaModel, context: Context | None, prompt: list[int], sp: S
             stops: list[str], opts: DraftParams, trace: Any, cancel: Callable[[], bool] | None,
             prompt_progress: Callable[[int, int], None] | None = None,
             recorder: LogprobRecorder | None = None,
-            constraint: TokenConstraint | None = None, special_tokens: Collection[int] = ()) -> Iterator[TextPiece]:
+            constraint: TokenConstraint | None = None, special_tokens: Collection[int] = (),
+            stream: bool = True) -> Iterator[TextPiece]:
     stats = GenerationStats(n_prompt=len(prompt))
     tracer = Tracer.open(trace)
     text = TextAssembler(model, stops, special_tokens)
@@ -220,7 +222,7 @@ def _pieces(model: LlamaModel, context: Context | None, prompt: list[int], sp: S
     t0 = time.perf_counter()
     # the generation owns its context from here to its end (a suspended stream included): a fresh or
     # idle one of the model's pool, or the caller's, refused with ContextBusyError if another owns it
-    lease = model.generation_context() if context is None else context.generation_claim()
+    lease = model.generation_context() if context is None else context.generation_claim(stream)
     with lease as ctx:
         rounds = token_rounds(ctx, prompt, Sampler(sp), max_tokens, opts, stats, tracer,
                               prompt_progress=watch, logprobs=recorder,
