@@ -187,7 +187,7 @@ def generate(
     if max_tokens == UNTIL_FULL:
         max_tokens = n_ctx - len(tokens)
     it = _pieces(model, context, tokens, sp, max_tokens, stops, opts, env_trace() if trace is None else trace, cancel,
-                 prompt_progress, None if logprobs is None else LogprobRecorder(logprobs),
+                 prompt_progress, None if logprobs is None else LogprobRecorder(logprobs, model.token_to_piece),
                  None if compiled is None else TokenConstraint(model, compiled), special_tokens, stream)
     if stream:
         return it
