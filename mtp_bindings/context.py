@@ -25,8 +25,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import fields
 from typing import Any, Callable, Literal, Protocol, Sequence, TypeVar
 
@@ -35,8 +34,9 @@ import numpy as np
 from . import _native
 from ._handle import NativeHandle
 from ._native import ffi, lib
-from .exceptions import ContextBusyError, ContextError, ContextOverflowError, DecodeError, InvalidParameterError
+from .exceptions import ContextError, ContextOverflowError, DecodeError, InvalidParameterError
 from .params import FLASH_ATTN, KV_TYPES, THREADS_MAX, ContextParams, valid_thread_count
+from .turns import GenerationTurn
 from .threads import (ADAPT_INTERVAL_S, ADAPT_SAMPLES, check_threads, default_threads, runnable_threads,
                       threads_for_load, usable_cpus)
 
@@ -103,10 +103,7 @@ class Context(NativeHandle):
         self.params.validate()
         self.model = model
         self._lock = threading.RLock()
-        # the generation using this context, for all of it (a suspended stream included): (its thread,
-        # whether it streams); None when free. See generation_claim.
-        self._owner: tuple[int, bool] | None = None
-        self._turn = threading.Condition(threading.Lock())
+        self._turn = GenerationTurn()  # which generation owns the context (see generation_claim)
         self._before_kv_edit: list[Callable[[], None]] = []
         self._before_close: list[Callable[[], None]] = []
         self._extensions: dict[str, Any] = {}
@@ -175,37 +172,16 @@ class Context(NativeHandle):
         """The context's (re-entrant) lock: hold it to make a sequence of calls one turn."""
         return self._lock  # type: ignore[return-value]
 
-    @contextmanager
-    def generation_claim(self, stream: bool = True) -> Iterator[Context]:
-        """Own this context for one generation (the driver takes it around a whole generation;
-        ``stream``: whether the generation is a stream, whose reader may keep it suspended for any
-        time). When another generation owns the context: a whole (non-stream) one on another thread
-        is running to its end, so this waits its turn; a stream, or one on this very thread (which
-        cannot go on while this waits), would make the wait endless, so
-        :class:`~mtp_bindings.exceptions.ContextBusyError` is raised at once."""
-        me = threading.get_ident()
-        with self._turn:
-            while self._owner is not None:
-                owner, owner_streams = self._owner
-                if owner_streams or owner == me:
-                    what = "a stream not yet read to its end or closed" if owner_streams else \
-                        "a generation on this same thread"
-                    raise ContextBusyError(
-                        f"another generation is using this context ({what}): give this one its own context "
-                        "(model.create_context()), or leave context= out and the model lends a free one")
-                self._turn.wait()
-            self._owner = (me, bool(stream))
-        try:
-            yield self
-        finally:
-            with self._turn:
-                self._owner = None
-                self._turn.notify_all()
+    def generation_claim(self, stream: bool = True) -> AbstractContextManager[None]:
+        """Own this context for one generation (see :class:`~mtp_bindings.turns.GenerationTurn`:
+        waits for another thread's whole generation, refuses a stream's or this thread's owner with
+        :class:`~mtp_bindings.exceptions.ContextBusyError`)."""
+        return self._turn.claim(stream)
 
     @property
     def busy(self) -> bool:
         """Whether a generation owns this context now (see :meth:`generation_claim`)."""
-        return self._owner is not None
+        return self._turn.busy
 
     def observe(self, name: str, seconds: float) -> None:
         """Tell the :attr:`observer`, if any, that native call ``name`` took ``seconds``."""

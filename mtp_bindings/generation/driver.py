@@ -223,7 +223,8 @@ def _pieces(model: LlamaModel, context: Context | None, prompt: list[int], sp: S
     # the generation owns its context from here to its end (a suspended stream included): a fresh or
     # idle one of the model's pool, or the caller's, refused with ContextBusyError if another owns it
     lease = model.generation_context() if context is None else context.generation_claim(stream)
-    with lease as ctx:
+    with lease as leased:
+        ctx = leased if context is None else context
         rounds = token_rounds(ctx, prompt, Sampler(sp), max_tokens, opts, stats, tracer,
                               prompt_progress=watch, logprobs=recorder,
                               constraint=constraint) if max_tokens > 0 else iter(())
