@@ -100,6 +100,9 @@ class LlamaModel(NativeHandle):
         self._lock = threading.Lock()
         self._contexts: weakref.WeakSet[Context] = weakref.WeakSet()
         self._idle: list[Context] = []  # the generation pool's idle contexts (see generation_context)
+        # guards _idle only; re-entrant: a stream collected by the GC hands its context back from
+        # whatever code this thread runs then, even code holding this lock
+        self._pool_lock = threading.RLock()
         self.context_settings = self._check_context_settings(context)
         self.path = check_gguf_file(path)
         if not isinstance(n_gpu_layers, int) or isinstance(n_gpu_layers, bool):
@@ -185,7 +188,8 @@ class LlamaModel(NativeHandle):
 
     def _free(self) -> None:
         """Close every context still open on the model, then free it."""
-        self._idle.clear()
+        with self._pool_lock:
+            self._idle = []
         for ctx in list(self._contexts):
             ctx.close()
         lib.llama_model_free(self._ptr)
@@ -378,7 +382,7 @@ class LlamaModel(NativeHandle):
         idle ones; more are closed."""
         self.ptr  # noqa: B018 (a closed model raises)
         ctx = None
-        with self._lock:
+        with self._pool_lock:
             while self._idle and ctx is None:
                 candidate = self._idle.pop()
                 ctx = None if candidate.closed or candidate.busy else candidate
@@ -390,7 +394,7 @@ class LlamaModel(NativeHandle):
             with ctx.generation_claim():  # fresh or idle: free (never waits)
                 yield ctx
         finally:
-            with self._lock:
+            with self._pool_lock:
                 keep = not ctx.closed and not self.closed and len(self._idle) < GENERATION_POOL_IDLE
                 if keep:
                     self._idle.append(ctx)

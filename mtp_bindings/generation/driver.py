@@ -272,7 +272,10 @@ def chat(model: LlamaModel, messages: Sequence[dict[str, Any]], *, tools: list[d
     ``{"enable_thinking": True}``) passed to the template, and generate the reply. A whole result's
     ``message`` is the reply as OpenAI's assistant message: ``content``, ``reasoning_content`` (the
     thinking channel) and, when ``tools`` were offered, ``tool_calls``; a stream yields the raw text
-    (split it with :class:`mtp_bindings.chat_reply.ReplyStream`)."""
+    (split it with :class:`mtp_bindings.chat_reply.ReplyStream`). Tools offered with a GGUF template
+    that cannot declare them: a Gemma 4 model uses the package's Gemma 4 template, another model's
+    template is used with a logged warning. An assistant's ``content: None`` renders as empty; an
+    image or audio content part raises :class:`~mtp_bindings.exceptions.TextOnlyError`."""
     prompt = chat_prompt(model, messages, ChatOptions(tools, chat_template, chat_template_kwargs or {}))
     for key, value in CHAT_TOKENIZE.items():
         kwargs.setdefault(key, value)
