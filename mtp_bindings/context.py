@@ -25,7 +25,8 @@ import os
 import threading
 import time
 from collections import deque
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import fields
 from typing import Any, Callable, Literal, Protocol, Sequence, TypeVar
 
@@ -164,6 +165,7 @@ class Context(NativeHandle):
             return ext
 
     def _kv_edit(self) -> None:
+        self._turn.check()
         for callback in self._before_kv_edit:
             callback()
 
@@ -182,6 +184,13 @@ class Context(NativeHandle):
     def busy(self) -> bool:
         """Whether a generation owns this context now (see :meth:`generation_claim`)."""
         return self._turn.busy
+
+    @contextmanager
+    def generation_round(self) -> Iterator[None]:
+        """One round of the owning generation: the context's lock held, its decodes and KV edits
+        allowed (outside its rounds they raise ContextBusyError while it owns the context)."""
+        with self._lock, self._turn.round():
+            yield
 
     def observe(self, name: str, seconds: float) -> None:
         """Tell the :attr:`observer`, if any, that native call ``name`` took ``seconds``."""
@@ -252,6 +261,7 @@ class Context(NativeHandle):
         Longer inputs than ``n_batch`` are split; outputs are then those of the last chunk.
         Returns the number of output rows (index them 0..n-1 in :meth:`get_logits`)."""
         with self._lock:
+            self._turn.check()
             toks = self.model.check_tokens(tokens)
             n = int(toks.size)
             if n == 0:

@@ -9,6 +9,11 @@ pieces included. Another one asked of it meanwhile:
   reader may keep it suspended in a variable for any time) or a generation on the same thread
   (which cannot go on while this one waits): either wait could last forever.
 
+Between two rounds of the owner (a stream suspended between pieces, say) a decode or a KV edit of
+the context from outside the generation would corrupt it silently, so :meth:`GenerationTurn.check`
+refuses it with :class:`~mtp_bindings.exceptions.ContextBusyError`; the owner's own calls run
+inside :meth:`GenerationTurn.round`.
+
 Pure Python (threading only).
 """
 
@@ -28,6 +33,7 @@ class GenerationTurn:
         # (the owner's thread, whether it streams); None when free
         self._owner: tuple[int, bool] | None = None
         self._cond = threading.Condition(threading.Lock())
+        self._in_round = False  # the owner is inside one of its rounds (the context's lock held)
 
     @property
     def busy(self) -> bool:
@@ -54,3 +60,19 @@ class GenerationTurn:
             with self._cond:
                 self._owner = None
                 self._cond.notify_all()
+
+    @contextmanager
+    def round(self) -> Iterator[None]:
+        """One round of the owner (call with the context's lock held): its decodes and KV edits."""
+        self._in_round = True
+        try:
+            yield
+        finally:
+            self._in_round = False
+
+    def check(self) -> None:
+        """Refuse a decode or KV edit from outside the owning generation (call under the context's lock)."""
+        if self._owner is not None and not self._in_round:
+            raise ContextBusyError("a generation owns this context (a stream not yet read to its end or closed?): "
+                                   "decoding or editing its KV now would corrupt it; close or finish the stream "
+                                   "first, or use another context")

@@ -164,3 +164,15 @@ def test_threads_sharing_one_given_context_for_whole_generations_take_turns(mode
             t.join(JOIN_TIMEOUT_S)
         assert not any(t.is_alive() for t in threads) and not errors
         assert sorted(results) == sorted((p, alone[p]) for p in PROMPTS for _ in range(3))
+
+
+def test_decoding_or_clearing_a_context_a_suspended_stream_owns_is_refused(model, alone):
+    with model.create_context(n_ctx=256, embeddings=True) as ctx:
+        stream = model.generate(PROMPTS[0], max_tokens=N, temperature=0, stream=True, context=ctx)
+        first = next(stream)
+        with pytest.raises(ContextBusyError, match="would corrupt it"):
+            ctx.clear()
+        with pytest.raises(ContextBusyError, match="would corrupt it"):
+            ctx.decode(model.tokenize("x", add_special=False))
+        assert first + "".join(stream) == alone[PROMPTS[0]]  # untouched
+        ctx.clear()  # the stream ended: the context is the caller's again

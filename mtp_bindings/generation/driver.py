@@ -232,7 +232,7 @@ def _pieces(model: LlamaModel, context: Context | None, prompt: list[int], sp: S
             while True:
                 # the context's lock for one round, not across the yield: a caller suspending the
                 # stream must not keep others' plain calls on this context waiting
-                with ctx.lock:
+                with ctx.generation_round():
                     toks = next(rounds, None)
                 if toks is None:
                     if stopped_in_prompt:
@@ -257,7 +257,7 @@ def _pieces(model: LlamaModel, context: Context | None, prompt: list[int], sp: S
             raise
         finally:
             if hasattr(rounds, "close"):
-                with ctx.lock:
+                with ctx.generation_round():
                     rounds.close()
             tracer.close()
             stats.t_total = time.perf_counter() - t0
