@@ -92,3 +92,5 @@ def test_a_model_without_an_assistant_decodes_plainly_by_default(target):
         r = m.generate("def f(x):", max_tokens=4, temperature=0)
         assert len(r.tokens) == 4 and r.stats.n_drafted == 0
         assert m.generate("def f(x):", max_tokens=4, temperature=0, draft_n_max=0).tokens == r.tokens
+        # a preset with draft_n_max=0 says "plain" explicitly: no drafting asked for
+        assert m.generate("def f(x):", max_tokens=4, temperature=0, preset="quality", draft_n_max=0).tokens == r.tokens

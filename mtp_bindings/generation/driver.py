@@ -157,7 +157,7 @@ def generate(
                          logit_bias=logit_bias)
     logit_bias = sp.logit_bias
     opts = draft_params(draft_n_max, depth2, skip_streak, preset, h_idx, ignore_eos, cache_prompt)
-    if (preset is not None or (draft_n_max or 0) > 0) and not model.has_assistant:
+    if ((draft_n_max or 0) > 0 or (preset is not None and draft_n_max != 0)) and not model.has_assistant:
         # asked for by name: decoding plainly instead would hide a missing or forgotten assistant
         raise NoAssistantError(f"drafting was asked for ({'preset=' + repr(preset) if preset is not None else ''}"
                                f"{'draft_n_max=' + str(draft_n_max) if preset is None else ''}) but {model.path.name} "
