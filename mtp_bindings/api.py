@@ -26,14 +26,23 @@ logger = logging.getLogger("mtp_bindings")
 class Model(LlamaModel):
     """A GGUF model loaded with llama.cpp, optionally with an MTP assistant attached.
 
-    >>> with Model("target.gguf", assistant="assistant.gguf") as model:
+    >>> with Model("target.gguf", assistant="assistant.gguf", n_ctx=8192) as model:
     ...     print(model.generate("def main(", max_tokens=32).text)
+
+    Generations on one model may overlap (two streams, several threads): each ``generate`` / ``chat``
+    without ``context=`` gets a context of its own from the model's pool (see
+    :func:`mtp_bindings.generation.driver.generate`).
 
     ``path`` is the target GGUF; ``assistant`` an optional MTP assistant GGUF to attach (see
     :meth:`attach_assistant`), its layers placed like the target's unless ``n_gpu_layers_draft``
     / ``devices_draft`` say otherwise (llama.cpp's ``-ngld`` / ``-devd``); the other keyword
     arguments (``n_gpu_layers``, ``devices``, ``rpc_servers``, ``use_mmap``, ``vocab_only``, ``repack``,
-    ``progress``, ``verbose``) are :class:`~mtp_bindings.model.LlamaModel`'s. With ``rpc_servers``
+    ``progress``, ``verbose``, and the context settings ``n_ctx``, ``n_threads``, ``n_threads_batch``,
+    ``n_batch``, ``n_ubatch``, ``type_k``, ``type_v``, ``flash_attn``, ... as llama-cpp-python's
+    ``Llama(...)`` takes them: the defaults of the contexts ``generate`` / ``chat`` and
+    :meth:`create_context` make) are :class:`~mtp_bindings.model.LlamaModel`'s; any other keyword is a
+    TypeError naming ``Model``. An MTP assistant file given as ``path`` is refused
+    (:class:`~mtp_bindings.exceptions.NotATargetModelError`). With ``rpc_servers``
     (other machines' ``rpc-server`` workers, llama.cpp's ``--rpc``) ``n_gpu_layers`` splits the layers
     across their devices, and the assistant follows.
     """

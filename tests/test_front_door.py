@@ -57,7 +57,8 @@ def test_a_users_model_alone_decodes_plainly_and_says_so_once(tmp_path):
 
 
 def test_an_assistant_beside_the_model_is_found_by_its_name():
-    out = run("generate", "-m", str(fixture_path("dense-target.gguf")), "-p", "def f(x):\n", "-n", "12", "--json")
+    out = run("generate", "-m", str(fixture_path("dense-target.gguf")), "-p", "def f(x):\n", "-n", "12", "--temp", "0",
+              "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["stats"]["n_drafted"] > 0
     assert "dense-assistant.gguf" in out.stderr
@@ -267,8 +268,8 @@ def test_ngl_seed_minus_one_and_no_mmap_are_accepted():
 
 def test_f_reads_the_prompt_from_a_file(tmp_path):
     (tmp_path / "p.txt").write_text("import os\n")
-    a = json.loads(run("generate", "-f", str(tmp_path / "p.txt"), "-n", "8", "--json").stdout)
-    b = json.loads(run("generate", "-p", "import os\n", "-n", "8", "--json").stdout)
+    a = json.loads(run("generate", "-f", str(tmp_path / "p.txt"), "-n", "8", "--temp", "0", "--json").stdout)
+    b = json.loads(run("generate", "-p", "import os\n", "-n", "8", "--temp", "0", "--json").stdout)
     assert a["tokens"] == b["tokens"]
     one_error(run("generate", "-f", str(tmp_path / "missing.txt")), "cannot read the prompt file (-f ")
 
@@ -369,7 +370,7 @@ def test_generate_with_a_prompt_of_the_wrong_type_is_an_invalid_parameter_error(
 
     for prompt in (123, 1.5, None, {"a": 1}):
         with pytest.raises(InvalidParameterError, match="prompt must be a str or a sequence of token ids"):
-            dense_model.generate(prompt, max_tokens=2)
+            dense_model.generate(prompt, max_tokens=2, temperature=0)
 
 
 def test_demo_with_a_missing_model_prints_only_the_error(tmp_path):

@@ -19,9 +19,9 @@ ROOT = "mtp_bindings"
 # A name matches a module and everything under it (``mtp_bindings.server`` covers the package).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("pure", ("exceptions", "limits", "params", "presets", "threads", "env", "models", "chat_reply", "template_env",
-              "gemma4_template")),
-    ("native", ("_ffi", "_native", "_backends", "low_level", "_handle", "devices", "mtp_status", "threadpool",
-                "builtin_templates")),
+              "gemma4_template", "turns")),
+    ("native", ("_ffi", "_native", "_backends", "low_level", "_handle", "_model_file", "devices", "mtp_status",
+                "threadpool", "builtin_templates")),
     ("core", ("context", "model")),
     ("mtp", ("mtp", "chat_template")),
     ("generation", ("generation",)),
@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 
 # Modules that must import without the compiled extension (the fast test tier).
 PURE_MODULES = ("params", "limits", "presets", "env", "exceptions", "chat_reply", "template_env", "gemma4_template",
+                "turns",
                 "_backends",
                 "generation.sampling",
                 "generation.rejection", "generation.stats", "generation.results", "generation.text",

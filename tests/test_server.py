@@ -375,7 +375,7 @@ BAD_BODIES = [
     ("done-prompt-obj", "/v1/completions", {"prompt": {"a": 1}}, "prompt", "invalid_type"),
     ("done-prompt-missing", "/v1/completions", {"max_tokens": 4}, "prompt", "missing_required_parameter"),
     ("done-prompt-many", "/v1/completions", {"prompt": ["a", "b"]}, "prompt", "invalid_value"),
-    ("done-top-k-negative", "/v1/completions", {**DONE_OK, "top_k": -1}, "top_k", "invalid_value"),
+    ("done-top-k-negative", "/v1/completions", {**DONE_OK, "top_k": -2}, "top_k", "invalid_value"),
     ("done-min-p-high", "/v1/completions", {**DONE_OK, "min_p": 2}, "min_p", "invalid_value"),
     ("done-draft-n-max-high", "/v1/completions", {**DONE_OK, "draft_n_max": 17}, "draft_n_max", "invalid_value"),
     ("done-speculative-flat-high", "/v1/completions", {**DONE_OK, "speculative.n_max": 99}, "speculative.n_max",
