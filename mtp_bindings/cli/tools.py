@@ -12,6 +12,7 @@ import logging
 import sys
 from pathlib import Path
 
+from ..exceptions import InvalidParameterError
 from .flags import PROG, USAGE_ERROR, CLIError, error_line, flag
 from .interrupt import Interrupt
 from .session import load, n_ctx
@@ -20,7 +21,7 @@ from .session import load, n_ctx
 def cmd_serve(args: argparse.Namespace, interrupt: Interrupt) -> int:
     """The OpenAI-compatible server (see :mod:`mtp_bindings.server`)."""
     try:
-        from ..server import serve
+        from ..server import bind_socket, serve
     except ImportError as e:
         raise CLIError(f"the server needs the [server] extra (pip install 'mtp-bindings[server]'): {e}") from e
     if args.parallel < 1:
@@ -34,13 +35,18 @@ def cmd_serve(args: argparse.Namespace, interrupt: Interrupt) -> int:
         except (OSError, UnicodeDecodeError) as e:
             raise CLIError(f"{flag(args, 'chat_template')}: cannot read {args.chat_template}: {e}") from None
     logging.getLogger("mtp_bindings.server").setLevel(logging.DEBUG if args.verbose else logging.INFO)
-    with load(args, interrupt) as model:
-        serve(model, host=args.host, port=args.port, model_name=args.alias, api_key=args.api_key,
+    try:  # the port first: one in use fails now, not after the model has loaded
+        sock = bind_socket(args.host, args.port)
+    except InvalidParameterError as e:
+        raise CLIError(str(e)) from None
+    with sock, load(args, interrupt) as model:
+        serve(model, host=args.host, port=args.port, sock=sock, model_name=args.alias, api_key=args.api_key,
               n_slots=args.parallel, n_ctx=n_ctx(model, args), n_predict=args.n_predict, n_threads=args.threads,
               n_threads_batch=args.threads_batch, type_k=args.cache_type_k, type_v=args.cache_type_v,
               flash_attn=args.flash_attn, chat_template=template,
               draft_n_max=args.draft_n_max, preset=args.preset, depth2=False if args.no_depth2 else None,
-              skip_streak=args.skip_streak, cache_prompt=args.cache_prompt, access_log=args.verbose)
+              skip_streak=args.skip_streak, cache_prompt=args.cache_prompt, access_log=args.verbose,
+              cors_origins=args.cors_origins)
     return 0
 
 

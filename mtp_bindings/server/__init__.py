@@ -72,8 +72,8 @@ from __future__ import annotations
 from .app import DEFAULT_N_PREDICT, ROUTES, create_app
 from .errors import APIError
 from .params import DraftDefaults, generation_kwargs
-from .runner import serve
+from .runner import bind_socket, serve
 from .schemas import ChatCompletionRequest, CompletionRequest, GenerationRequest
 
-__all__ = ["APIError", "ChatCompletionRequest", "CompletionRequest", "DEFAULT_N_PREDICT", "DraftDefaults",
+__all__ = ["APIError", "bind_socket", "ChatCompletionRequest", "CompletionRequest", "DEFAULT_N_PREDICT", "DraftDefaults",
            "GenerationRequest", "ROUTES", "create_app", "generation_kwargs", "serve"]

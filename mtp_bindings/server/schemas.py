@@ -88,6 +88,7 @@ class GenerationRequest(BaseModel):
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name; llama-server takes it everywhere
     n_predict: int | None = Field(None, ge=-1)
     temperature: float | None = _sampling("temperature", hi=OPENAI_TEMPERATURE_MAX)
     top_p: float | None = _sampling("top_p")
@@ -153,8 +154,10 @@ class GenerationRequest(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
     def requested_max_tokens(self) -> int | None:
-        """``max_tokens`` (or llama-server's ``n_predict``; -1 = unbounded); None = until the
-        context is full."""
+        """``max_completion_tokens``, ``max_tokens`` (or llama-server's ``n_predict``; -1 =
+        unbounded); None = until the context is full."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
         if self.max_tokens is not None:
             return self.max_tokens
         if self.n_predict is not None and self.n_predict >= 0:
@@ -260,7 +263,6 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=LOGPROBS_MAX)
     tools: list[ToolDef] | None = None
@@ -275,11 +277,6 @@ class ChatCompletionRequest(GenerationRequest):
             raise APIError(400, "top_logprobs: needs logprobs set to true", param="top_logprobs",
                            code="invalid_value")
         return None
-
-    def requested_max_tokens(self) -> int | None:
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens
-        return super().requested_max_tokens()
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         """``tools`` for the chat template (None when there are none)."""
@@ -324,6 +321,11 @@ class CompletionRequest(GenerationRequest):
         if v:
             raise ValueError("suffix (insertion) is not supported by this server")
         return v
+
+
+def request_field_names(model: type[BaseModel]) -> frozenset[str]:
+    """The top-level fields (names and aliases) a request model implements."""
+    return frozenset(n for name, f in model.model_fields.items() for n in (name, f.alias) if n)
 
 
 def _field_names(*models: type[BaseModel]) -> frozenset[str]:
@@ -374,7 +376,7 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
         data = json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as e:
         raise APIError(400, f"could not parse the request body as JSON: {e}", code="invalid_json") from None
-    refuse_unsupported(data)
+    refuse_unsupported(data, request_field_names(model))
     try:
         return model.model_validate(data)
     except ValidationError as e:
