@@ -154,15 +154,13 @@ class GenerationRequest(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
     def requested_max_tokens(self) -> int | None:
-        """``max_completion_tokens``, ``max_tokens`` (or llama-server's ``n_predict``; -1 =
-        unbounded); None = until the context is full."""
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens
-        if self.max_tokens is not None:
-            return self.max_tokens
+        """llama-server's ``n_predict``, else ``max_completion_tokens``, else ``max_tokens`` (its
+        order: ``n_predict`` wins); None (and ``n_predict`` -1): the server's limit."""
         if self.n_predict is not None and self.n_predict >= 0:
             return self.n_predict
-        return None
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens
 
     def requested_logprobs(self) -> int | None:
         """Alternatives per token to report with its logprob; None: no logprobs."""
