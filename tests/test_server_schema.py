@@ -58,13 +58,12 @@ def test_draft_n_max_goes_up_to_the_librarys_maximum(body: Any) -> None:
     assert not server_accepts(**body(DRAFT_N_MAX + 1)) and not server_accepts(**body(-1))
 
 
-def test_a_request_that_sets_nothing_gets_the_librarys_defaults_and_openais_temperature() -> None:
+def test_a_request_that_sets_nothing_gets_the_librarys_defaults_temperature_included() -> None:
     kwargs = generation_kwargs(CompletionRequest.model_validate({"prompt": "x"}), DraftDefaults(), n_prompt=1,
                                n_ctx=100, n_vocab=10)
-    for name in ("top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
+    for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
                  "frequency_penalty"):
-        assert kwargs[name] == getattr(SAMPLING_DEFAULTS, name), name
-    assert kwargs["temperature"] == 1.0
+        assert kwargs[name] == getattr(SAMPLING_DEFAULTS, name), name  # one set of defaults, no server copy
 
 
 def test_server_drafting_defaults_are_checked_against_the_librarys_bounds() -> None:

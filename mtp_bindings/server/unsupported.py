@@ -34,13 +34,14 @@ class Refusal:
 
     what: str
     off: tuple[Any, ...] | None = None
+    partial: bool = False  # a route's model takes only the off values: checked on that route too
 
 
 REFUSED: dict[str, Refusal] = {
     # OpenAI's
     "functions": Refusal("function calls (use tools)"),
     "function_call": Refusal("function calls (use tools)"),
-    "tool_choice": Refusal("forcing a tool call (only 'auto' and 'none')", ("auto", "none")),
+    "tool_choice": Refusal("forcing a tool call (only 'auto' and 'none')", ("auto", "none"), partial=True),
     "modalities": Refusal("output other than text", (["text"], [])),
     "audio": Refusal("audio output"),
     "prediction": Refusal("predicted outputs"),
@@ -123,7 +124,7 @@ def refuse_unsupported(body: Any, implemented: Collection[str] = ()) -> None:
     if not isinstance(body, dict):
         return
     for name, refusal in REFUSED.items():
-        if name in implemented or body.get(name) is None or _off(refusal, body[name]):
+        if (name in implemented and not refusal.partial) or body.get(name) is None or _off(refusal, body[name]):
             continue
         raise APIError(400, f"{name}: {refusal.what} is not supported by this server", param=name,
                        code="unsupported_parameter")
