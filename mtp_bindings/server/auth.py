@@ -21,8 +21,8 @@ from .errors import APIError
 
 
 class BearerKey:
-    """A dependency (``Depends(BearerKey(key))``) requiring ``key`` as the bearer token; with
-    ``key`` None every request passes."""
+    """A dependency (``Depends(BearerKey(key))``) requiring ``key`` as the bearer token or the
+    ``X-Api-Key`` header; with ``key`` None every request passes."""
 
     def __init__(self, key: str | None) -> None:
         self.key = key.encode() if key is not None else None

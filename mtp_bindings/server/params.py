@@ -4,7 +4,8 @@ with for it.
 One job: merge a validated request with the server's settings. Where the request says nothing,
 the library's defaults (:data:`mtp_bindings.params.SAMPLING_DEFAULTS`, the one set every front
 end shares, ``temperature`` included) apply, the server's drafting defaults
-(:class:`DraftDefaults`) to drafting, and the server's ``n_predict`` is the length of a request that sets no limit.
+(:class:`DraftDefaults`) to drafting, and the server's ``n_predict`` is the length of a request
+that sets no limit.
 """
 
 from __future__ import annotations
