@@ -147,3 +147,14 @@ def test_native_completion_implements_return_tokens_and_n_probs(server: Server) 
     assert len(body["tokens"]) == body["tokens_predicted"] == len(body["completion_probabilities"]) == 4
     assert [p["id"] for p in body["completion_probabilities"]] == body["tokens"]
     assert all(len(p["top_logprobs"]) == 2 for p in body["completion_probabilities"])
+
+
+@pytest.mark.parametrize("part", [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                                  {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}],
+                         ids=["image", "audio"])
+def test_a_chat_part_that_is_not_text_is_refused_as_text_only(server: Server, part: dict[str, Any]) -> None:
+    messages = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, part]}]
+    with server.client() as c:
+        err = check_error(c.post("/v1/chat/completions", json={**CHAT_OK, "messages": messages}), 400,
+                          "unsupported_parameter", "messages.0.content.1")
+    assert "this model takes text only" in err["message"]

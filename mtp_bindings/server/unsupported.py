@@ -2,7 +2,8 @@
 (it would change the output) or is a documented no-op hint (issue 16, item 6; issue 26, item 4).
 
 One job: look at a request body before it is validated and answer 400 ``unsupported_parameter``,
-naming the field, when it asks for something the generation would not do. Every request field
+naming the field, when it asks for something the generation would not do (a chat message's image,
+audio or file part included: the model takes text only). Every request field
 llama-server reads at our pin (``tools/server/server-schema.cpp`` and the OpenAI parsers in
 ``server-common.cpp``) is either a field of the route's request model (:mod:`.schemas`:
 implemented), in :data:`REFUSED`, or in :data:`HINTS`; ``tests/test_server_fields.py`` walks the
@@ -128,6 +129,21 @@ def refuse_unsupported(body: Any, implemented: Collection[str] = ()) -> None:
             continue
         raise APIError(400, f"{name}: {refusal.what} is not supported by this server", param=name,
                        code="unsupported_parameter")
+    _refuse_media(body.get("messages"))
+
+
+def _refuse_media(messages: Any) -> None:
+    """A chat message part that is not text (an image, audio, a file): this model reads text only."""
+    if not isinstance(messages, list):
+        return
+    for i, msg in enumerate(messages):
+        parts = msg.get("content") if isinstance(msg, dict) else None
+        for j, part in enumerate(parts if isinstance(parts, list) else []):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind != "text":
+                where = f"messages.{i}.content.{j}"
+                raise APIError(400, f"{where}: this model takes text only (a {kind!r} part cannot be read)",
+                               param=where, code="unsupported_parameter")
 
 
 def _off(refusal: Refusal, value: Any) -> bool:
