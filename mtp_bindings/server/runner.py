@@ -28,15 +28,11 @@ def bind_socket(host: str = "127.0.0.1", port: int = 8080) -> socket.socket:
     machine's, ...)."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise InvalidParameterError(f"port must be an int in 0..65535, got {port!r}")
+    # as uvicorn binds: IPv6 when the host is an IPv6 address, else IPv4
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as e:
-        raise InvalidParameterError(f"cannot listen on {host}:{port}: the host is not known ({e})") from None
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart may reuse the port at once
-        sock.bind(address)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart may reuse the port at once
+        sock.bind((host, port))
     except OSError as e:
         sock.close()
         if e.errno == errno.EADDRINUSE:
