@@ -367,7 +367,7 @@ BAD_BODIES = [
     ("chat-temperature-high", "/v1/chat/completions", {**CHAT_OK, "temperature": 2.5}, "temperature",
      "invalid_value"),
     ("chat-top-p-zero", "/v1/chat/completions", {**CHAT_OK, "top_p": 0}, "top_p", "invalid_value"),
-    ("chat-max-tokens-zero", "/v1/chat/completions", {**CHAT_OK, "max_tokens": 0}, "max_tokens", "invalid_value"),
+    ("chat-max-tokens-below", "/v1/chat/completions", {**CHAT_OK, "max_tokens": -2}, "max_tokens", "invalid_value"),
     ("chat-presence-high", "/v1/chat/completions", {**CHAT_OK, "presence_penalty": 5}, "presence_penalty",
      "invalid_value"),
     ("chat-n-2", "/v1/chat/completions", {**CHAT_OK, "n": 2}, "n", "invalid_value"),

@@ -170,3 +170,8 @@ def test_x_api_key_is_accepted_beside_the_bearer_token(server: Server) -> None:
         assert c.get("/v1/models", headers={"X-Api-Key": KEY}).status_code == 200
         check_error(c.get("/v1/models", headers={"X-Api-Key": "wrong"}), 401, "invalid_api_key")
         check_error(c.get("/v1/models"), 401, "invalid_api_key")
+
+
+def test_max_tokens_zero_generates_nothing_as_llama_server(server: Server) -> None:
+    resp = server.openai().completions.create(model="any", prompt=PROMPTS[0], max_tokens=0, temperature=0)
+    assert resp.choices[0].text == "" and resp.usage.completion_tokens == 0

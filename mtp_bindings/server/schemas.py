@@ -87,8 +87,10 @@ class GenerationRequest(BaseModel):
     model_config = _STRICT
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name; llama-server takes it everywhere
+    # llama-server's bounds for all three (its n_predict and the two aliases): -1 is the server's limit,
+    # 0 generates nothing (the prompt is still decoded into the slot's cache)
+    max_tokens: int | None = Field(None, ge=-1)
+    max_completion_tokens: int | None = Field(None, ge=-1)  # OpenAI's newer name; llama-server takes it everywhere
     n_predict: int | None = Field(None, ge=-1)
     temperature: float | None = _sampling("temperature", hi=OPENAI_TEMPERATURE_MAX)
     top_p: float | None = _sampling("top_p")
@@ -154,13 +156,12 @@ class GenerationRequest(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
     def requested_max_tokens(self) -> int | None:
-        """llama-server's ``n_predict``, else ``max_completion_tokens``, else ``max_tokens`` (its
-        order: ``n_predict`` wins); None (and ``n_predict`` -1): the server's limit."""
-        if self.n_predict is not None and self.n_predict >= 0:
-            return self.n_predict
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens
-        return self.max_tokens
+        """The first given of ``n_predict``, ``max_completion_tokens``, ``max_tokens`` (llama-server's
+        order); None (nothing given, or -1): the server's limit."""
+        for limit in (self.n_predict, self.max_completion_tokens, self.max_tokens):
+            if limit is not None:
+                return None if limit < 0 else limit
+        return None
 
     def requested_logprobs(self) -> int | None:
         """Alternatives per token to report with its logprob; None: no logprobs."""
