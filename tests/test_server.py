@@ -295,7 +295,7 @@ def test_unknown_fields_are_ignored(server: Server, reference: Any) -> None:
 
 @pytest.mark.parametrize("field,value", [
     ("tool_choice", "required"), ("tool_choice", {"type": "function", "function": {"name": "f"}}),
-    ("n_probs", 2), ("mirostat", 2), ("ignore_eos", True),
+    ("n_probs", 2), ("mirostat", 2),
 ])
 def test_a_field_that_would_change_the_output_is_refused_by_name(server: Server, field: str, value: Any) -> None:
     with server.client() as c:

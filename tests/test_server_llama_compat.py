@@ -175,3 +175,16 @@ def test_x_api_key_is_accepted_beside_the_bearer_token(server: Server) -> None:
 def test_max_tokens_zero_generates_nothing_as_llama_server(server: Server) -> None:
     resp = server.openai().completions.create(model="any", prompt=PROMPTS[0], max_tokens=0, temperature=0)
     assert resp.choices[0].text == "" and resp.usage.completion_tokens == 0
+
+
+def test_ignore_eos_bans_end_of_generation_as_llama_servers_logit_bias(server: Server, reference: Any) -> None:
+    eog = [t for t in range(reference.n_vocab) if reference.is_eog(t)]
+    body = {"prompt": PROMPTS[1], "max_tokens": 24, "temperature": 0, "logit_bias": {str(eog[0]): 100.0}}
+    with server.client() as c:
+        forced = c.post("/v1/completions", json=body).json()  # the bias makes the model end at once...
+        ignored = c.post("/v1/completions", json={**body, "ignore_eos": True}).json()  # ...unless EOG is banned
+    assert forced["choices"][0]["finish_reason"] == "stop" and forced["usage"]["completion_tokens"] <= 1
+    ref = reference.generate(PROMPTS[1], temperature=0.0, max_tokens=24, logit_bias={t: -100.0 for t in eog},
+                             context=reference._test_ctx)
+    assert ignored["choices"][0]["text"] == ref.text
+    assert ignored["choices"][0]["finish_reason"] == "length" and ignored["usage"]["completion_tokens"] == 24

@@ -54,6 +54,7 @@ class Server:
         self.metrics = ServerMetrics(n_slots, model_name)
         self.pool = SlotPool(model, n_slots, context_kwargs, self.metrics)
         self.created = int(time.time())
+        self._eog_bias: dict[int, float] | None = None
 
     # --- helpers --------------------------------------------------------------------------------
 
@@ -71,6 +72,12 @@ class Server:
         if len(raw) > MAX_BODY_BYTES:
             raise APIError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes", code="request_too_large")
         return parse_body(raw, model)
+
+    def eog_bias(self) -> dict[int, float]:
+        """-inf for every end-of-generation token (looked up once: a scan of the vocabulary)."""
+        if self._eog_bias is None:
+            self._eog_bias = {t: float("-inf") for t in range(self.model.n_vocab) if self.model.is_eog(t)}
+        return self._eog_bias
 
     async def tokens(self, fn: Callable[[], list[int]], param: str) -> list[int]:
         """Tokenize off the event loop; too long for the context is ``context_length_exceeded``."""
@@ -113,6 +120,8 @@ class Server:
             kwargs["grammar"] = grammar
         if special:
             kwargs["special_tokens"] = special
+        if req.ignore_eos:  # as llama-server: its logit_bias gets -inf for every end-of-generation token
+            kwargs["logit_bias"] = {**(kwargs["logit_bias"] or {}), **await anyio.to_thread.run_sync(self.eog_bias)}
         job = Job(tokens, kwargs, asyncio.get_running_loop())
         self.pool.submit(job)
         try:

@@ -114,6 +114,7 @@ class GenerationRequest(BaseModel):
     response_format: ResponseFormat | None = None  # structured output (see structured.py)
     grammar: str | None = None  # llama-server's: GBNF (or Lark)
     json_schema: dict[str, Any] | None = None  # llama-server's: a JSON schema
+    ignore_eos: bool | None = None  # llama-server's: end-of-generation tokens banned (a logit bias, as there)
     cache_prompt: bool | None = None  # llama-server's: reuse the slot's KV of the common prefix (None: the server's)
 
     @field_validator("n")

@@ -60,7 +60,6 @@ REFUSED: dict[str, Refusal] = {
     "adaptive_target": Refusal("the adaptive-p sampler", (_NEGATIVE_OFF,)),
     "min_keep": Refusal("a minimum of tokens kept by the samplers"),
     "samplers": Refusal("a custom sampler chain"),
-    "ignore_eos": Refusal("generating past end-of-text"),
     "lora": Refusal("LoRA adapters"),
     "grammar_lazy": Refusal("a lazily triggered grammar"),
     "grammar_triggers": Refusal("grammar triggers"),
