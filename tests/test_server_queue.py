@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from test_server import LONG, PROMPTS, TIMEOUT_S, Server, _model_files, _no_eog, _serve_command, _wait_idle, \
-    reference, server
+    check_error, reference, server
 
 __all__ = ["reference", "server"]  # fixtures used by name
 
@@ -49,6 +49,23 @@ def test_health_stops_counting_a_queued_request_whose_client_left(server: Server
         # gone from the queue while both streams still run (a slot freeing up would have dropped it too)
         wait_for(server, lambda h: h["requests_queued"] == 0 and h["slots_processing"] == 2, timeout=1.5)
     _wait_idle(server)
+
+
+def test_slots_fail_on_no_slot_answers_503_while_every_slot_is_busy(server: Server, reference: Any) -> None:
+    _wait_idle(server)
+    body = {"prompt": PROMPTS[0], "max_tokens": LONG, "temperature": 0, "stream": True,
+            "logit_bias": _no_eog(reference)}
+    with server.client() as a, server.client() as b, a.stream("POST", "/v1/completions", json=body), \
+            b.stream("POST", "/v1/completions", json=body):
+        wait_for(server, lambda h: h["slots_processing"] == 2)
+        with server.client() as c:
+            slots = c.get("/slots").json()
+            busy = c.get("/slots", params={"fail_on_no_slot": 1})
+    assert all(s["is_processing"] for s in slots)
+    check_error(busy, 503, "unavailable")
+    _wait_idle(server)
+    with server.client() as c:
+        assert c.get("/slots", params={"fail_on_no_slot": 1}).status_code == 200
 
 
 def test_serve_on_a_port_in_use_fails_fast_before_loading_the_model(tmp_path: Path) -> None:

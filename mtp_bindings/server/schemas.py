@@ -14,6 +14,7 @@ in OpenAI's -100..100, at most 16 stop strings, one choice.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 from dataclasses import fields
@@ -323,6 +324,7 @@ class CompletionRequest(GenerationRequest):
         return v
 
 
+@functools.cache
 def request_field_names(model: type[BaseModel]) -> frozenset[str]:
     """The top-level fields (names and aliases) a request model implements."""
     return frozenset(n for name, f in model.model_fields.items() for n in (name, f.alias) if n)
