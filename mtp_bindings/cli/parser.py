@@ -101,7 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all routes but /health)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' or 'X-Api-Key: KEY' (all routes but /health)")
+    p.add_argument("--cors-origins", default="*", metavar="ORIGINS",
+                   help="comma-separated origins browsers may call from (default *: any, as llama-server)")
     p.add_argument("-np", "--parallel", type=int, default=1,
                    help="slots: requests generated at once, each with its own context (default 1); "
                         "more requests queue")

@@ -11,6 +11,7 @@ import argparse
 import logging
 import sys
 
+from ..exceptions import InvalidParameterError
 from .flags import PROG, USAGE_ERROR, CLIError, error_line, flag
 from .interrupt import Interrupt
 from .session import chat_template, load, n_ctx
@@ -19,7 +20,7 @@ from .session import chat_template, load, n_ctx
 def cmd_serve(args: argparse.Namespace, interrupt: Interrupt) -> int:
     """The OpenAI-compatible server (see :mod:`mtp_bindings.server`)."""
     try:
-        from ..server import serve
+        from ..server import bind_socket, serve
     except ImportError as e:
         raise CLIError(f"the server needs the [server] extra (pip install 'mtp-bindings[server]'): {e}") from e
     if args.parallel < 1:
@@ -28,13 +29,18 @@ def cmd_serve(args: argparse.Namespace, interrupt: Interrupt) -> int:
         raise CLIError(f"{flag(args, 'port')} must be in 0..65535, got {args.port}")
     template = chat_template(args)
     logging.getLogger("mtp_bindings.server").setLevel(logging.DEBUG if args.verbose else logging.INFO)
-    with load(args, interrupt) as model:
-        serve(model, host=args.host, port=args.port, model_name=args.alias, api_key=args.api_key,
+    try:  # the port first: one in use fails now, not after the model has loaded
+        sock = bind_socket(args.host, args.port)
+    except InvalidParameterError as e:
+        raise CLIError(str(e)) from None
+    with sock, load(args, interrupt) as model:
+        serve(model, host=args.host, port=args.port, sock=sock, model_name=args.alias, api_key=args.api_key,
               n_slots=args.parallel, n_ctx=n_ctx(model, args), n_predict=args.n_predict, n_threads=args.threads,
               n_threads_batch=args.threads_batch, type_k=args.cache_type_k, type_v=args.cache_type_v,
               flash_attn=args.flash_attn, chat_template=template,
               draft_n_max=args.draft_n_max, preset=args.preset, depth2=False if args.no_depth2 else None,
-              skip_streak=args.skip_streak, cache_prompt=args.cache_prompt, access_log=args.verbose)
+              skip_streak=args.skip_streak, cache_prompt=args.cache_prompt, access_log=args.verbose,
+              cors_origins=args.cors_origins)
     return 0
 
 
