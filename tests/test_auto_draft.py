@@ -62,3 +62,11 @@ def test_auto_at_a_high_temperature_is_no_collapse_against_plain(model):
     plain = min(model.generate(PROMPT, draft_n_max=0, seed=i, **kw).stats.t_generate for i in range(3))
     auto = min(model.generate(PROMPT, seed=i, **kw).stats.t_generate for i in range(3))
     assert auto <= 2.0 * plain
+
+
+def test_a_context_whose_batch_is_smaller_than_a_verify_batch_drafts_what_fits(model):
+    with model.create_context(n_ctx=512, n_batch=4, n_ubatch=4) as ctx:  # auto's ceiling alone would verify 7 rows
+        plain = model.generate(PROMPT, context=ctx, max_tokens=64, draft_n_max=0, ignore_eos=True, temperature=0)
+        auto = model.generate(PROMPT, context=ctx, max_tokens=64, ignore_eos=True, temperature=0)
+    assert auto.tokens == plain.tokens
+    assert len(auto.stats.rounds_per_k) <= 4

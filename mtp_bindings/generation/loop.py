@@ -50,7 +50,8 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
     """
     model = ctx.model
     drafting = opts.draft_n_max > 0 and model.has_assistant  # type: ignore[attr-defined]
-    draft_n_max = opts.draft_n_max if drafting else 0
+    # a verify batch is decoded in one piece, so its rows are all there to read: at most n_batch of them
+    draft_n_max = min(opts.draft_n_max, ctx.n_batch - 1) if drafting else 0
     drafter = make_drafter(ctx, drafting, seq_id, opts.depth2, opts.skip_streak)
     # acceptance depends on the sampler's settings (not its seed) and on a grammar: requests alike share a prior
     pool_key = (repr(dataclasses.replace(sampler.params, seed=None)), constraint is not None)
