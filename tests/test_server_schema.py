@@ -86,3 +86,11 @@ def test_a_length_of_minus_one_is_the_servers_limit_and_zero_generates_nothing(n
 def test_n_predict_wins_over_max_tokens_as_in_llama_server() -> None:
     assert _limit(n_predict=3, max_tokens=9) == 3 and _limit(max_completion_tokens=4, max_tokens=9) == 4
     assert _limit(n_predict=-1, max_tokens=9) == 50  # llama-server: -1 is the server's -n, whatever the aliases say
+
+
+def test_drafting_asked_of_a_server_without_an_assistant_is_a_client_error():
+    from mtp_bindings.exceptions import NoAssistantError
+    from mtp_bindings.server.errors import generation_error
+
+    err = generation_error(NoAssistantError("this model has no MTP assistant: draft_n_max=2 cannot draft"))
+    assert err.status == 400 and "no MTP assistant" in err.message
