@@ -15,10 +15,12 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from .embeddings import EmbedInput, embed
 from .generation.driver import chat, generate
 from .generation.results import GenerationResult, TextPiece
 from .model import LlamaModel, check_gguf_file
 from .mtp import MTPContext, attach_assistant
+from .params import EMBED_N_CTX, EMBED_POOLING
 
 logger = logging.getLogger("mtp_bindings")
 
@@ -77,3 +79,13 @@ class Model(LlamaModel):
         ``chat_template`` and ``chat_template_kwargs`` as :func:`mtp_bindings.generation.driver.chat`
         takes them (the result's ``message`` holds content, reasoning_content and tool_calls)."""
         return chat(self, messages, **kwargs)
+
+    def embed(self, input: EmbedInput, *, pooling: str = EMBED_POOLING, normalize: bool | int = True,  # noqa: A002
+              n_ctx: int = EMBED_N_CTX) -> Any:
+        """Embeddings of a text, a token list, or a list of either, from a context of their own
+        (see :mod:`mtp_bindings.embeddings`): ``pooling`` is llama-server's ``--pooling`` (``mean``,
+        ``cls``, ``last``, or ``none``: one vector per token), ``normalize`` True for L2 (llama-server's
+        default), False for raw vectors, or an ``embd_normalize`` int; inputs of at most ``n_ctx`` tokens.
+        One input gives an array ``[n_embd]`` (unpooled ``[n_tokens, n_embd]``), a list ``[n, n_embd]``
+        (unpooled: a list of arrays)."""
+        return embed(self, input, pooling=pooling, normalize=normalize, n_ctx=n_ctx)

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("pure", ("exceptions", "limits", "params", "presets", "threads", "env", "models", "chat_reply", "template_env",
               "gemma4_template")),
     ("native", ("_ffi", "_native", "_backends", "low_level", "_handle", "devices", "mtp_status", "threadpool")),
-    ("core", ("context", "model")),
+    ("core", ("context", "model", "embeddings")),
     ("mtp", ("mtp", "chat_template")),
     ("generation", ("generation",)),
     ("api", ("api",)),
