@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..limits import SERVER_N_PREDICT, UNTIL_FULL
-from ..params import RPC_SERVER_HOST, RPC_SERVER_PORT, DraftParams
+from ..params import EMBED_POOLING, POOLING_TYPES, RPC_SERVER_HOST, RPC_SERVER_PORT, DraftParams
 from .args import add_drafting_args, add_model_args, add_preset_arg, add_sampling_args
 from .demo import DEMO_N_PREDICT, DEMO_PAIRS, DEMO_PROMPT, cmd_demo
 from .flags import PROG, Parser, SubcommandParser, refuse, refuse_unsupported
@@ -109,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cache-prompt", dest="cache_prompt", action="store_false", default=cache.default,
                    help=f"do not {cache.metadata['help']} (default: reuse it, as llama-server; a request's "
                         "cache_prompt overrides)")
+    p.add_argument("--embedding", "--embeddings", dest="embeddings", action="store_true",
+                   help="also serve /v1/embeddings, /embedding and /embeddings (from a context of their own)")
+    p.add_argument("--pooling", choices=list(POOLING_TYPES), default=EMBED_POOLING,
+                   help=f"how --embeddings pools a text's token vectors (default {EMBED_POOLING}; none: one vector "
+                        "per token, which /v1/embeddings refuses)")
     add_drafting_args(p)
     p.set_defaults(func=cmd_serve)
 

@@ -40,7 +40,8 @@ def cmd_serve(args: argparse.Namespace, interrupt: Interrupt) -> int:
               n_threads_batch=args.threads_batch, type_k=args.cache_type_k, type_v=args.cache_type_v,
               flash_attn=args.flash_attn, chat_template=template,
               draft_n_max=args.draft_n_max, preset=args.preset, depth2=False if args.no_depth2 else None,
-              skip_streak=args.skip_streak, cache_prompt=args.cache_prompt, access_log=args.verbose)
+              skip_streak=args.skip_streak, cache_prompt=args.cache_prompt, access_log=args.verbose,
+              embeddings=args.embeddings, pooling=args.pooling)
     return 0
 
 

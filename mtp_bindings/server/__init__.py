@@ -63,8 +63,9 @@ The package, one job a module, each importing only the ones listed before it:
 * :mod:`.metrics` -- counters and ``/metrics`` (prometheus_client, with llama-server and vLLM
   aliases); :mod:`.slots` -- contexts and their worker threads; :mod:`.responses` -- response
   bodies; :mod:`.streaming` -- server-sent events;
-* :mod:`.auth` -- the API key; :mod:`.handlers` -- what each route does; :mod:`.app` -- the app
-  factory; :mod:`.runner` -- uvicorn and shutdown.
+* :mod:`.auth` -- the API key; :mod:`.handlers` -- what each route does; :mod:`.embeddings` --
+  ``/v1/embeddings``, ``/embedding(s)`` (``serve --embeddings``); :mod:`.app` -- the app factory;
+  :mod:`.runner` -- uvicorn and shutdown.
 """
 
 from __future__ import annotations

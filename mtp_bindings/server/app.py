@@ -22,9 +22,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..chat_template import check_template
 from ..exceptions import InvalidParameterError
 from ..limits import SERVER_N_PREDICT
-from ..params import ContextParams, DraftParams
+from ..params import EMBED_POOLING, ContextParams, DraftParams
 from ..threads import threads_per_slot
 from .auth import BearerKey
+from .embeddings import add_embedding_routes
 from .errors import APIError
 from .handlers import Server
 from .metrics import CONTENT_TYPE, RequestCounter
@@ -57,6 +58,8 @@ def create_app(
     depth2: bool | None = None,
     skip_streak: int | None = None,
     cache_prompt: bool = DraftParams.cache_prompt,
+    embeddings: bool = False,  # serve /v1/embeddings, /embedding(s) (llama-server's --embeddings), pooled so:
+    pooling: str = EMBED_POOLING,
 ) -> FastAPI:
     """The FastAPI app serving ``model`` (already loaded, assistant attached or not) as
     ``model_name``. A request that sets no length limit gets at most ``n_predict`` tokens (-1:
@@ -106,6 +109,7 @@ def create_app(
     app.state.server = server
     _add_error_handlers(app)
     _add_routes(app, server, BearerKey(api_key))
+    add_embedding_routes(app, server, BearerKey(api_key), enabled=embeddings, pooling=pooling)
     app.add_middleware(RequestCounter, metrics=server.metrics, routes=ROUTES)
     return app
 
