@@ -18,7 +18,9 @@ from typing import Any
 from .embeddings import EmbedInput, embed
 from .generation.driver import chat, generate
 from .generation.results import GenerationResult, TextPiece
+from .generation.state import StateIO, load_state, save_state
 from .model import LlamaModel, check_gguf_file
+from .context import Context
 from .mtp import MTPContext, attach_assistant
 from .params import EMBED_N_CTX, EMBED_POOLING
 
@@ -89,3 +91,15 @@ class Model(LlamaModel):
         One input gives an array ``[n_embd]`` (unpooled ``[n_tokens, n_embd]``), a list ``[n, n_embd]``
         (unpooled: a list of arrays)."""
         return embed(self, input, pooling=pooling, normalize=normalize, n_ctx=n_ctx)
+
+    def save_state(self, path: str | os.PathLike[str], *, context: Context | None = None, seq_id: int = 0) -> StateIO:
+        """Save a context's sequence (default: the one ``generate`` uses) -- its KV and the tokens of
+        its last generation -- to ``path``, any drafting request in flight drained first (see
+        :mod:`mtp_bindings.generation.state`)."""
+        return save_state(context or self.generation_context(), path, seq_id=seq_id)
+
+    def load_state(self, path: str | os.PathLike[str], *, context: Context | None = None, seq_id: int = 0) -> StateIO:
+        """Restore a sequence saved by :meth:`save_state` into ``context`` (default: the one
+        ``generate`` uses): a ``generate`` whose prompt starts with the saved tokens then goes on
+        as if never interrupted, decoding only what follows them."""
+        return load_state(context or self.generation_context(), path, seq_id=seq_id)
