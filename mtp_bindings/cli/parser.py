@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pooling", choices=list(POOLING_TYPES), default=EMBED_POOLING,
                    help=f"how --embeddings pools a text's token vectors (default {EMBED_POOLING}; none: one vector "
                         "per token, which /v1/embeddings refuses)")
+    p.add_argument("--slot-save-path", default=None, metavar="PATH",
+                   help="folder of saved slot states: enables POST /slots/{id}?action=save|restore|erase "
+                        "(default: disabled)")
     add_drafting_args(p)
     p.set_defaults(func=cmd_serve)
 

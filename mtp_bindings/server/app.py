@@ -29,6 +29,7 @@ from .embeddings import add_embedding_routes
 from .errors import APIError
 from .handlers import Server
 from .metrics import CONTENT_TYPE, RequestCounter
+from .slot_state import add_slot_state_routes
 from .params import DraftDefaults
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ def create_app(
     cache_prompt: bool = DraftParams.cache_prompt,
     embeddings: bool = False,  # serve /v1/embeddings, /embedding(s) (llama-server's --embeddings), pooled so:
     pooling: str = EMBED_POOLING,
+    slot_save_path: str | None = None,  # llama-server's --slot-save-path: POST /slots/{id}?action=save|restore
 ) -> FastAPI:
     """The FastAPI app serving ``model`` (already loaded, assistant attached or not) as
     ``model_name``. A request that sets no length limit gets at most ``n_predict`` tokens (-1:
@@ -110,6 +112,7 @@ def create_app(
     _add_error_handlers(app)
     _add_routes(app, server, BearerKey(api_key))
     add_embedding_routes(app, server, BearerKey(api_key), enabled=embeddings, pooling=pooling)
+    add_slot_state_routes(app, server, BearerKey(api_key), save_path=slot_save_path)
     app.add_middleware(RequestCounter, metrics=server.metrics, routes=ROUTES)
     return app
 
