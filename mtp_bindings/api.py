@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .embeddings import EmbedInput, embed
+from .hub import resolve
 from .generation.driver import chat, generate
 from .generation.results import GenerationResult, TextPiece
 from .generation.state import StateIO, load_state, save_state
@@ -51,6 +52,19 @@ class Model(LlamaModel):
         super().__init__(path, **load)
         if assistant is not None:
             self.attach_assistant(assistant, n_gpu_layers=n_gpu_layers_draft, devices=devices_draft)
+
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str | None = None, assistant_filename: str | None = None, *,
+                        revision: str | None = None, token: str | None = None,
+                        cache_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> Model:
+        """Load a GGUF from a Hugging Face hub repository (downloaded once into huggingface_hub's
+        cache; needs the ``hub`` extra), as llama-cpp-python's ``Llama.from_pretrained``:
+        ``filename`` a name or a glob (None: ``repo_id``'s ``:QUANT``, llama.cpp's ``-hf`` rule, see
+        :mod:`mtp_bindings.hub`), ``assistant_filename`` the MTP assistant's (a name or glob; None: no
+        assistant); ``kwargs`` are :class:`Model`'s."""
+        target, assistant = resolve(repo_id, filename, assistant=assistant_filename, revision=revision,
+                                    token=token, cache_dir=cache_dir)
+        return cls(target, assistant=assistant, **kwargs)
 
     def create_context(self, *args: Any, **kwargs: Any) -> MTPContext:
         """A new :class:`~mtp_bindings.mtp.MTPContext` on this model (keyword arguments are
