@@ -199,7 +199,7 @@ def test_a_long_prompt_shows_its_progress(tmp_path):
 # --- items 6-7: llama.cpp's flags and conventions ---------------------------------------------------
 
 @pytest.mark.parametrize("flags, needle", [
-    (["-hf", "google/gemma"], "not supported: -hf (use -m FILE"),
+    (["-mu", "https://example.org/m.gguf"], "not supported: -mu (use -m FILE"),
     (["--mirostat", "2"], "not supported: --mirostat (use --temp"),
     (["-cnv"], "not supported: -cnv (use mtp-bindings chat)"),
     (["--te", "0.5"], "unrecognized arguments: --te 0.5"),  # no abbreviations

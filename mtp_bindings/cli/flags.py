@@ -99,8 +99,7 @@ class SubcommandParser(Parser):
 # (llama.cpp's spellings, what to use instead). A command that has one of these flags itself keeps
 # its own (e.g. generate's -f, chat's -sys).
 UNSUPPORTED: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-hft", "--hf-token", "-mu", "--model-url"),
-     "-m FILE, with the GGUF downloaded yourself"),
+    (("-mu", "--model-url"), "-m FILE, with the GGUF downloaded yourself, or -hf USER/MODEL[:QUANT]"),
     (("-hfd", "-hfrd", "--hf-repo-draft"), "--mtp-head FILE, with the assistant GGUF downloaded yourself"),
     (("-f", "--file"), "generate -f FILE; chat reads its turns from stdin: mtp-bindings chat < FILE"),
     (("-sys", "--system-prompt"), "mtp-bindings chat --system TEXT"),
