@@ -74,7 +74,8 @@ def match_file(files: list[str], pattern: str) -> str:
     """The one file of ``files`` that the glob ``pattern`` names (llama-cpp-python's ``filename``)."""
     found = sorted(f for f in files if fnmatch.fnmatch(f, pattern))
     if not found:
-        raise HubFileNotFoundError(f"no file matches {pattern!r} in the repository (it has: {', '.join(sorted(files))})")
+        raise HubFileNotFoundError(f"no file matches {pattern!r} in the repository "
+                                   f"(it has: {', '.join(sorted(files))})")
     if len(found) > 1:
         raise HubFileNotFoundError(f"{pattern!r} matches several files ({', '.join(found)}): name one")
     return found[0]

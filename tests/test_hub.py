@@ -122,7 +122,8 @@ def hub() -> Iterator[ThreadingHTTPServer]:
     server.server_close()
 
 
-def run(code: str, hub: ThreadingHTTPServer, home: Path, *, args: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+def run(code: str, hub: ThreadingHTTPServer, home: Path, *,
+        args: list[str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{hub.server_address[1]}", "HF_HOME": str(home),
            "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     env.pop("HF_TOKEN", None)
@@ -182,7 +183,8 @@ def test_a_glob_filename_names_the_one_matching_file(hub, tmp_path):
     ("*.bin", "HubFileNotFoundError", "no file matches"),
 ])
 def test_a_file_the_repository_lacks_is_a_typed_error(hub, tmp_path, filename, error, needle):
-    out = run(f"from mtp_bindings import Model\nModel.from_pretrained('test-org/tiny-GGUF', {filename!r})", hub, tmp_path)
+    code = f"from mtp_bindings import Model\nModel.from_pretrained('test-org/tiny-GGUF', {filename!r})"
+    out = run(code, hub, tmp_path)
     assert out.returncode != 0 and f"mtp_bindings.exceptions.{error}" in out.stderr and needle in out.stderr
 
 

@@ -64,7 +64,8 @@ The package, one job a module, each importing only the ones listed before it:
   aliases); :mod:`.slots` -- contexts and their worker threads; :mod:`.responses` -- response
   bodies; :mod:`.streaming` -- server-sent events;
 * :mod:`.auth` -- the API key; :mod:`.handlers` -- what each route does; :mod:`.embeddings` --
-  ``/v1/embeddings``, ``/embedding(s)`` (``serve --embeddings``); :mod:`.app` -- the app factory;
+  ``/v1/embeddings``, ``/embedding(s)`` (``serve --embeddings``); :mod:`.slot_state` -- ``POST
+  /slots/{id}?action=save|restore|erase`` (``--slot-save-path``); :mod:`.app` -- the app factory;
   :mod:`.runner` -- uvicorn and shutdown.
 """
 
