@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mtp_bindings import Model
-from mtp_bindings.exceptions import ContextError, InvalidParameterError
+from mtp_bindings.exceptions import ContextError, InvalidParameterError, MTPBusyError
 from mtp_bindings.generation.prompt_cache import prompt_cache
 from mtp_bindings.generation.state import load_state, save_state
 from mtp_bindings.mtp import current_session, n_embd_backbone
@@ -78,7 +78,7 @@ def test_restoring_replaces_what_the_context_held_and_the_prompt_cache_record(mo
         assert b.seq_pos_max(0) + 1 == len(saved.tokens)
 
 
-def test_a_drafting_request_in_flight_is_drained_before_the_state_is_copied(model, tmp_path):
+def test_a_drafting_request_in_flight_is_drained_before_the_state_is_copied_or_replaced(model, tmp_path):
     with fresh(model) as ctx:
         tokens = model.tokenize(PROMPT)
         ctx.decode(tokens)
@@ -87,9 +87,13 @@ def test_a_drafting_request_in_flight_is_drained_before_the_state_is_copied(mode
         assert handle.pending
         save_state(ctx, tmp_path / "s.bin", tokens=tokens)
         assert not handle.pending and current_session(ctx).in_flight is None
+        drafts, _ = handle.wait()  # a save edits nothing: the owner still gets its drafts
+        assert drafts.shape == (3,)
         handle2 = ctx.decode_mtp_async(attn_pos=ctx.seq_pos_max(0), last_token=tokens[-1], h_prev=h, n_steps=3)
-        load_state(ctx, tmp_path / "s.bin")
+        load_state(ctx, tmp_path / "s.bin")  # a restore replaces the cells the draft read: it is dropped
         assert not handle2.pending
+        with pytest.raises(MTPBusyError):
+            handle2.wait()
 
 
 def test_the_state_of_tokens_decoded_by_hand_round_trips_with_the_tokens_given(model, tmp_path):
@@ -122,3 +126,14 @@ def test_more_tokens_than_the_sequence_holds_are_refused(model, tmp_path):
         ctx.decode(model.tokenize(PROMPT))
         with pytest.raises(InvalidParameterError, match="holds"):
             save_state(ctx, tmp_path / "s.bin", tokens=model.tokenize(PROMPT * 3))
+
+
+def test_saving_in_the_middle_of_a_stream_leaves_the_stream_exact(model, tmp_path):
+    prompt = model.tokenize(PROMPT)
+    with fresh(model) as ctx, fresh(model) as other:
+        stream = model.generate(prompt, max_tokens=N + M, context=ctx, stream=True)
+        head = [next(stream) for _ in range(3)]
+        assert current_session(ctx).in_flight is not None  # the depth-2 overlap: a draft is being computed
+        save_state(ctx, tmp_path / "mid.bin")
+        text = "".join(head) + "".join(stream)
+        assert text == model.generate(prompt, max_tokens=N + M, context=other).text

@@ -3,8 +3,9 @@ into the same or another context on the same model: llama.cpp's ``llama_state_se
 ``llama_state_seq_load_file``, the calls behind llama-server's ``/slots/{id}?action=save|restore``.
 
 One job: make a state copy safe and the restored sequence usable as if never interrupted.
-- No drafting request may read the KV while it is copied: the context's MTP request in flight, if
-  any, is drained first (:meth:`~mtp_bindings.mtp.MTPSession.discard`), under the context's lock.
+- No drafting request may run while the KV is copied: a save waits for the context's MTP request
+  in flight, if any, keeping its drafts for their owner (a suspended stream goes on unharmed), under
+  the context's lock.
 - Restoring is a destructive KV edit: the sequence is emptied through :meth:`Context.seq_rm`, whose
   hooks drain drafting and make the prompt cache forget what it knew; the restored tokens are then
   recorded in the prompt cache (:mod:`.prompt_cache`), so that the next ``generate`` whose prompt
@@ -41,9 +42,12 @@ class StateIO:
 
 
 def _drain(ctx: Context) -> None:
+    """Let the drafting request in flight finish before the KV is read. A save changes nothing, so
+    the request's owner still gets its drafts: waiting on the handle keeps them for its ``wait()``."""
     session = current_session(ctx)
-    if session is not None:
-        session.discard()
+    handle = session.in_flight if session is not None else None
+    if handle is not None:
+        handle.wait()
 
 
 def save_state(ctx: Context, path: str | os.PathLike[str], *, seq_id: int = 0,
