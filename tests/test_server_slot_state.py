@@ -121,3 +121,25 @@ def test_slot_actions_need_slot_save_path(tmp_path: Path) -> None:
     with running_server(["-c", "512"], tmp_path) as s, s.client() as c:
         r = c.post("/slots/0?action=save", json={"filename": "x.bin"})
     assert r.status_code == 501 and "--slot-save-path" in r.json()["error"]["message"]
+
+
+def test_a_slot_busy_with_a_request_is_saved_once_the_request_is_done(first: Server, tokens: Any) -> None:
+    import json
+    import threading
+
+    prompt, _ = tokens
+    saved: dict[str, Any] = {}
+    body = {"prompt": prompt, "max_tokens": 200, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with first.client() as c, first.client() as d, c.stream("POST", "/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: "))  # the slot is generating now
+        t = threading.Thread(target=lambda: saved.update(r=d.post("/slots/0?action=save",
+                                                                   json={"filename": "busy.bin"})))
+        t.start()
+        chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        t.join(30)
+    usage = next(ch["usage"] for ch in reversed(chunks) if ch.get("usage"))
+    assert saved["r"].status_code == 200, saved["r"].text
+    # the whole request's tokens: the save waited for it (mid-generation the slot records none)
+    assert saved["r"].json()["n_saved"] == len(prompt) + usage["completion_tokens"] - 1

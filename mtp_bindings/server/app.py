@@ -25,7 +25,7 @@ from ..limits import SERVER_N_PREDICT
 from ..params import EMBED_POOLING, ContextParams, DraftParams
 from ..threads import threads_per_slot
 from .auth import BearerKey
-from .embeddings import add_embedding_routes
+from .embeddings import EMBEDDING_ROUTES, add_embedding_routes
 from .errors import APIError
 from .handlers import Server
 from .metrics import CONTENT_TYPE, RequestCounter
@@ -113,7 +113,7 @@ def create_app(
     _add_routes(app, server, BearerKey(api_key))
     add_embedding_routes(app, server, BearerKey(api_key), enabled=embeddings, pooling=pooling)
     add_slot_state_routes(app, server, BearerKey(api_key), save_path=slot_save_path)
-    app.add_middleware(RequestCounter, metrics=server.metrics, routes=ROUTES)
+    app.add_middleware(RequestCounter, metrics=server.metrics, routes=ROUTES + EMBEDDING_ROUTES)
     return app
 
 

@@ -30,6 +30,7 @@ from .schemas import _STRICT
 
 NOT_ENABLED = "This server does not support embeddings. Start it with `--embeddings`"  # llama-server's words
 NOT_OAI = "Pooling type 'none' is not OAI compatible. Please use a different pooling type"
+EMBEDDING_ROUTES = ("/v1/embeddings", "/embeddings", "/embedding")  # the last: llama-server's legacy spelling
 
 class EmbeddingRequest(BaseModel):
     """The body of every embedding route: OpenAI's fields, and llama-server's ``content`` and
@@ -68,15 +69,15 @@ def add_embedding_routes(app: FastAPI, server: Server, key: BearerKey, *, enable
     embedder = embedder_for(server.model, pooling) if enabled else None
     keyed = [Depends(key)]
 
-    @app.post("/v1/embeddings", dependencies=keyed)
+    @app.post(EMBEDDING_ROUTES[0], dependencies=keyed)
     async def embeddings_oai(request: Request) -> dict[str, Any]:
         return await _embed(server, _enabled(embedder), request, oai=True)
 
-    @app.post("/embeddings", dependencies=keyed)
+    @app.post(EMBEDDING_ROUTES[1], dependencies=keyed)
     async def embeddings_native(request: Request) -> list[dict[str, Any]]:
         return await _embed(server, _enabled(embedder), request, oai=False)
 
-    @app.post("/embedding", dependencies=keyed)  # llama-server's legacy spelling
+    @app.post(EMBEDDING_ROUTES[2], dependencies=keyed)
     async def embedding_native(request: Request) -> list[dict[str, Any]]:
         return await _embed(server, _enabled(embedder), request, oai=False)
 
