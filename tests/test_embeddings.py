@@ -123,3 +123,10 @@ def test_a_closed_model_refuses_embed(trained_paths):
     m.close()
     with pytest.raises(ModelLoadError):
         m.embed(TEXT)
+
+
+def test_a_context_refuses_an_unknown_pooling_type():
+    from mtp_bindings.params import ContextParams
+
+    with pytest.raises(InvalidParameterError, match="pooling"):
+        ContextParams(pooling="max").validate()

@@ -235,7 +235,8 @@ def test_every_unsupported_flag_is_refused_by_every_command_that_lacks_it():
                 assert e.value.code == 2 and f"not supported: {flag} (use " in err.getvalue(), (command, flag)
     assert sorted(supported) == [("chat", "--system-prompt"), ("chat", "-sys"), ("generate", "--file"),
                                  ("generate", "-f"), ("serve", "--chat-template"), ("serve", "--chat-template-file"),
-                                 ("serve", "--embedding"), ("serve", "--embeddings"), ("serve", "--pooling"),
+                                 ("serve", "--embd-normalize"), ("serve", "--embedding"), ("serve", "--embeddings"),
+                                 ("serve", "--pooling"),
                                  ("serve", "--slot-save-path")]
 
 

@@ -31,6 +31,12 @@ def none_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
+def raw_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with running_server(["-c", "512", "--embeddings", "--embd-normalize", "-1"], tmp_path_factory.mktemp("raw")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
 def plain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     with running_server(["-c", "512"], tmp_path_factory.mktemp("plain")) as s:
         yield s
@@ -83,6 +89,14 @@ def test_embd_normalize_minus_one_returns_the_raw_pooled_vector(mean_server: Ser
         r = c.post("/v1/embeddings", json={"input": TEXTS[0], "embd_normalize": -1})
     np.testing.assert_array_equal(np.asarray(r.json()["data"][0]["embedding"], dtype=np.float32),
                                   reference.embed(TEXTS[0], normalize=False))
+
+
+def test_serve_embd_normalize_sets_what_a_request_that_says_none_gets(raw_server: Server, reference: Any) -> None:
+    with raw_server.client() as c:
+        raw = c.post("/v1/embeddings", json={"input": TEXTS[0]}).json()["data"][0]["embedding"]
+        unit = c.post("/v1/embeddings", json={"input": TEXTS[0], "embd_normalize": 2}).json()["data"][0]["embedding"]
+    np.testing.assert_array_equal(np.asarray(raw, dtype=np.float32), reference.embed(TEXTS[0], normalize=False))
+    np.testing.assert_array_equal(np.asarray(unit, dtype=np.float32), reference.embed(TEXTS[0]))
 
 
 def test_the_native_routes_answer_in_llama_servers_shape(mean_server: Server, reference: Any) -> None:

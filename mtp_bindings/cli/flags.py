@@ -135,7 +135,7 @@ UNSUPPORTED: tuple[tuple[tuple[str, ...], str], ...] = (
      "-v for the load log; generate prints its speed on stderr, chat with --stats"),
     (("--ssl-key-file", "--ssl-cert-file"), "a TLS proxy in front of mtp-bindings serve"),
     (("--api-key-file",), "--api-key KEY"),
-    (("--embedding", "--embeddings", "--pooling"), "mtp-bindings serve --embeddings [--pooling P], or Model.embed"),
+    (("--embedding", "--embeddings", "--pooling", "--embd-normalize"), "mtp-bindings serve --embeddings [--pooling P], or Model.embed"),
     (("--path", "--webui", "--no-webui", "--rerank", "--reranking", "--slots",
       "--metrics", "-cb", "--cont-batching", "-nocb", "--no-cont-batching", "-to", "--timeout",
       "--threads-http", "-sps", "--slot-prompt-similarity"),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..limits import SERVER_N_PREDICT, UNTIL_FULL
-from ..params import EMBED_POOLING, POOLING_TYPES, RPC_SERVER_HOST, RPC_SERVER_PORT, DraftParams
+from ..params import EMBD_NORMALIZE, EMBED_POOLING, POOLING_TYPES, RPC_SERVER_HOST, RPC_SERVER_PORT, DraftParams
 from .args import add_drafting_args, add_model_args, add_preset_arg, add_sampling_args
 from .demo import DEMO_N_PREDICT, DEMO_PAIRS, DEMO_PROMPT, cmd_demo
 from .flags import PROG, Parser, SubcommandParser, refuse, refuse_unsupported
@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pooling", choices=list(POOLING_TYPES), default=EMBED_POOLING,
                    help=f"how --embeddings pools a text's token vectors (default {EMBED_POOLING}; none: one vector "
                         "per token, which /v1/embeddings refuses)")
+    p.add_argument("--embd-normalize", type=int, default=EMBD_NORMALIZE, metavar="N",
+                   help=f"how pooled embeddings are normalised unless a request says (default {EMBD_NORMALIZE}: "
+                        "L2; -1 none, 0 max-abs to int16, 1 taxicab, >2 p-norm)")
     p.add_argument("--slot-save-path", default=None, metavar="PATH",
                    help="folder of saved slot states: enables POST /slots/{id}?action=save|restore|erase "
                         "(default: disabled)")

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..chat_template import check_template
 from ..exceptions import InvalidParameterError
 from ..limits import SERVER_N_PREDICT
-from ..params import EMBED_POOLING, ContextParams, DraftParams
+from ..params import EMBD_NORMALIZE, EMBED_POOLING, ContextParams, DraftParams
 from ..threads import threads_per_slot
 from .auth import BearerKey
 from .embeddings import EMBEDDING_ROUTES, add_embedding_routes
@@ -61,6 +61,7 @@ def create_app(
     cache_prompt: bool = DraftParams.cache_prompt,
     embeddings: bool = False,  # serve /v1/embeddings, /embedding(s) (llama-server's --embeddings), pooled so:
     pooling: str = EMBED_POOLING,
+    embd_normalize: int = EMBD_NORMALIZE,  # what an embedding request that sets none gets
     slot_save_path: str | None = None,  # llama-server's --slot-save-path: POST /slots/{id}?action=save|restore
 ) -> FastAPI:
     """The FastAPI app serving ``model`` (already loaded, assistant attached or not) as
@@ -111,7 +112,8 @@ def create_app(
     app.state.server = server
     _add_error_handlers(app)
     _add_routes(app, server, BearerKey(api_key))
-    add_embedding_routes(app, server, BearerKey(api_key), enabled=embeddings, pooling=pooling)
+    add_embedding_routes(app, server, BearerKey(api_key), enabled=embeddings, pooling=pooling,
+                         embd_normalize=embd_normalize)
     add_slot_state_routes(app, server, BearerKey(api_key), save_path=slot_save_path)
     app.add_middleware(RequestCounter, metrics=server.metrics, routes=ROUTES + EMBEDDING_ROUTES)
     return app

@@ -63,23 +63,25 @@ class EmbeddingRequest(BaseModel):
 
 
 def add_embedding_routes(app: FastAPI, server: Server, key: BearerKey, *, enabled: bool,
-                         pooling: str = EMBED_POOLING) -> None:
+                         pooling: str = EMBED_POOLING, embd_normalize: int = EMBD_NORMALIZE) -> None:
     """Wire the three embedding routes into ``app``; with ``enabled`` the embedding context is
-    created now (a bad setting fails at startup, not on the first request)."""
+    created now (a bad setting fails at startup, not on the first request). ``embd_normalize`` is
+    what a request that sets none gets (llama-server's ``--embd-normalize``)."""
+    check_norm(embd_normalize)
     embedder = embedder_for(server.model, pooling) if enabled else None
     keyed = [Depends(key)]
 
     @app.post(EMBEDDING_ROUTES[0], dependencies=keyed)
     async def embeddings_oai(request: Request) -> dict[str, Any]:
-        return await _embed(server, _enabled(embedder), request, oai=True)
+        return await _embed(server, _enabled(embedder), request, embd_normalize, oai=True)
 
     @app.post(EMBEDDING_ROUTES[1], dependencies=keyed)
     async def embeddings_native(request: Request) -> list[dict[str, Any]]:
-        return await _embed(server, _enabled(embedder), request, oai=False)
+        return await _embed(server, _enabled(embedder), request, embd_normalize, oai=False)
 
     @app.post(EMBEDDING_ROUTES[2], dependencies=keyed)
     async def embedding_native(request: Request) -> list[dict[str, Any]]:
-        return await _embed(server, _enabled(embedder), request, oai=False)
+        return await _embed(server, _enabled(embedder), request, embd_normalize, oai=False)
 
 
 def _enabled(embedder: Embedder | None) -> Embedder:
@@ -88,8 +90,10 @@ def _enabled(embedder: Embedder | None) -> Embedder:
     return embedder
 
 
-async def _embed(server: Server, embedder: Embedder, request: Request, *, oai: bool) -> Any:
+async def _embed(server: Server, embedder: Embedder, request: Request, default_norm: int, *, oai: bool) -> Any:
     req: EmbeddingRequest = await server.read_body(request, EmbeddingRequest)
+    if "embd_normalize" not in req.model_fields_set:
+        req.embd_normalize = default_norm
     if oai and embedder.pooling == "none":
         raise APIError(400, NOT_OAI, param="input", code="invalid_value")
     inputs = req.inputs()
