@@ -76,6 +76,14 @@ def test_the_openai_client_default_base64_path_decodes(mean_server: Server, refe
     np.testing.assert_array_equal(vec, reference.embed(TEXTS[1]))
 
 
+def test_a_null_encoding_format_gives_floats(mean_server: Server, reference: Any) -> None:
+    with mean_server.client() as c:
+        r = c.post("/v1/embeddings", json={"input": TEXTS[0], "encoding_format": None, "user": "u1"})
+    assert r.status_code == 200, r.text
+    np.testing.assert_array_equal(np.asarray(r.json()["data"][0]["embedding"], dtype=np.float32),
+                                  reference.embed(TEXTS[0]))
+
+
 def test_token_inputs_embed_like_their_text(mean_server: Server, reference: Any) -> None:
     tokens = reference.tokenize(TEXTS[0], add_special=True, parse_special=True)
     with mean_server.client() as c:

@@ -42,14 +42,14 @@ class EmbeddingRequest(BaseModel):
     input: Any = None  # noqa: A003 (OpenAI's name)
     content: Any = None
     model: str | None = None
-    encoding_format: str = "float"
+    encoding_format: str | None = None  # None: "float"
     embd_normalize: Any = EMBD_NORMALIZE
     dimensions: Any = None
 
     def inputs(self) -> Any:
         if self.input is None and self.content is None:
             raise APIError(400, '"input" or "content" must be provided', param="input", code="invalid_value")
-        if self.encoding_format not in ("float", "base64"):
+        if self.encoding_format not in (None, "float", "base64"):
             raise APIError(400, "The format to return the embeddings in. Can be either float or base64",
                            param="encoding_format", code="invalid_value")
         if self.dimensions is not None:
