@@ -11,6 +11,7 @@ Without huggingface_hub installed (the ``hub`` extra) only the test of the error
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -35,7 +36,7 @@ REPOS: dict[str, dict[str, Path]] = {
     "test-org/tiny-GGUF": {"tiny-Q8_0.gguf": TARGET, "tiny-Q4_K_M.gguf": TARGET,
                            "tiny-assistant-Q4_K_M.gguf": ASSISTANT, "mmproj-tiny-f16.gguf": ASSISTANT},
 }
-HAS_HUB = subprocess.run([sys.executable, "-c", "import huggingface_hub"], capture_output=True).returncode == 0
+HAS_HUB = importlib.util.find_spec("huggingface_hub") is not None
 needs_hub = pytest.mark.skipif(not HAS_HUB, reason="huggingface_hub is not installed (the hub extra)")
 
 
