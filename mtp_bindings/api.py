@@ -15,10 +15,15 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from .embeddings import EmbedInput, embed
+from .hub import resolve
 from .generation.driver import chat, generate
 from .generation.results import GenerationResult, TextPiece
+from .generation.state import StateIO, load_state, save_state
 from .model import LlamaModel, check_gguf_file
+from .context import Context
 from .mtp import MTPContext, attach_assistant
+from .params import EMBED_N_CTX, EMBED_POOLING
 
 logger = logging.getLogger("mtp_bindings")
 
@@ -57,6 +62,19 @@ class Model(LlamaModel):
         if assistant is not None:
             self.attach_assistant(assistant, n_gpu_layers=n_gpu_layers_draft, devices=devices_draft)
 
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str | None = None, assistant_filename: str | None = None, *,
+                        revision: str | None = None, token: str | None = None,
+                        cache_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> Model:
+        """Load a GGUF from a Hugging Face hub repository (downloaded once into huggingface_hub's
+        cache; needs the ``hub`` extra), as llama-cpp-python's ``Llama.from_pretrained``:
+        ``filename`` a name or a glob (None: ``repo_id``'s ``:QUANT``, llama.cpp's ``-hf`` rule, see
+        :mod:`mtp_bindings.hub`), ``assistant_filename`` the MTP assistant's (a name or glob; None: no
+        assistant); ``kwargs`` are :class:`Model`'s."""
+        target, assistant = resolve(repo_id, filename, assistant=assistant_filename, revision=revision,
+                                    token=token, cache_dir=cache_dir)
+        return cls(target, assistant=assistant, **kwargs)
+
     def create_context(self, *args: Any, **kwargs: Any) -> MTPContext:
         """A new :class:`~mtp_bindings.mtp.MTPContext` on this model (keyword arguments are
         :class:`~mtp_bindings.params.ContextParams` fields)."""
@@ -86,3 +104,25 @@ class Model(LlamaModel):
         ``chat_template`` and ``chat_template_kwargs`` as :func:`mtp_bindings.generation.driver.chat`
         takes them (the result's ``message`` holds content, reasoning_content and tool_calls)."""
         return chat(self, messages, **kwargs)
+
+    def embed(self, input: EmbedInput, *, pooling: str = EMBED_POOLING, normalize: bool | int = True,  # noqa: A002
+              n_ctx: int = EMBED_N_CTX) -> Any:
+        """Embeddings of a text, a token list, or a list of either, from a context of their own
+        (see :mod:`mtp_bindings.embeddings`): ``pooling`` is llama-server's ``--pooling`` (``mean``,
+        ``cls``, ``last``, or ``none``: one vector per token), ``normalize`` True for L2 (llama-server's
+        default), False for raw vectors, or an ``embd_normalize`` int; inputs of at most ``n_ctx`` tokens.
+        One input gives an array ``[n_embd]`` (unpooled ``[n_tokens, n_embd]``), a list ``[n, n_embd]``
+        (unpooled: a list of arrays)."""
+        return embed(self, input, pooling=pooling, normalize=normalize, n_ctx=n_ctx)
+
+    def save_state(self, path: str | os.PathLike[str], *, context: Context | None = None, seq_id: int = 0) -> StateIO:
+        """Save a context's sequence (default: the one ``generate`` uses) -- its KV and the tokens of
+        its last generation -- to ``path``, any drafting request in flight drained first (see
+        :mod:`mtp_bindings.generation.state`)."""
+        return save_state(context or self.generation_context(), path, seq_id=seq_id)
+
+    def load_state(self, path: str | os.PathLike[str], *, context: Context | None = None, seq_id: int = 0) -> StateIO:
+        """Restore a sequence saved by :meth:`save_state` into ``context`` (default: the one
+        ``generate`` uses): a ``generate`` whose prompt starts with the saved tokens then goes on
+        as if never interrupted, decoding only what follows them."""
+        return load_state(context or self.generation_context(), path, seq_id=seq_id)

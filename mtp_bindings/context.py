@@ -36,7 +36,7 @@ from . import _native
 from ._handle import NativeHandle
 from ._native import ffi, lib
 from .exceptions import ContextError, ContextOverflowError, DecodeError, InvalidParameterError
-from .params import FLASH_ATTN, KV_TYPES, THREADS_MAX, ContextParams, valid_thread_count
+from .params import FLASH_ATTN, KV_TYPES, POOLING_TYPES, THREADS_MAX, ContextParams, valid_thread_count
 from .turns import GenerationTurn
 from .threads import (ADAPT_INTERVAL_S, ADAPT_SAMPLES, check_threads, default_threads, runnable_threads,
                       threads_for_load, usable_cpus)
@@ -75,6 +75,8 @@ def native_context_params(params: ContextParams) -> Any:
     p.type_v = getattr(lib, KV_TYPES[params.type_v])
     p.flash_attn_type = getattr(lib, FLASH_ATTN[params.resolved_flash_attn])
     p.offload_kqv = params.offload_kqv
+    if params.pooling is not None:
+        p.pooling_type = getattr(lib, POOLING_TYPES[params.pooling])
     p.no_perf = False
     return p
 

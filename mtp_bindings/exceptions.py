@@ -38,6 +38,18 @@ class RPCServerError(ModelLoadError, ConnectionError):
     did not answer as a ggml ``rpc-server`` of this build's protocol, or offers no device."""
 
 
+class HubError(ModelLoadError):
+    """A model file could not be had from the Hugging Face hub (``Model.from_pretrained``, ``-hf``)."""
+
+
+class HubFileNotFoundError(HubError, ModelFileNotFoundError):
+    """The hub has no such repository, revision or file (or none matching the name, glob or quant given)."""
+
+
+class HubNotInstalledError(HubError, ImportError):
+    """Downloading from the hub needs ``huggingface_hub``: ``pip install 'mtp-bindings[hub]'``."""
+
+
 class AssistantLoadError(ModelLoadError):
     """An MTP assistant GGUF could not be attached to a target model."""
 

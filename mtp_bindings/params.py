@@ -44,6 +44,15 @@ KV_TYPES = {
 UNQUANTIZED_KV = ("f32", "f16", "bf16")
 FLASH_ATTN = {"auto": "LLAMA_FLASH_ATTN_TYPE_AUTO", "on": "LLAMA_FLASH_ATTN_TYPE_ENABLED",
               "off": "LLAMA_FLASH_ATTN_TYPE_DISABLED"}
+# How an embedding context pools a sequence's token vectors (llama-server's --pooling; "none": one per token).
+POOLING_TYPES = {"none": "LLAMA_POOLING_TYPE_NONE", "mean": "LLAMA_POOLING_TYPE_MEAN",
+                 "cls": "LLAMA_POOLING_TYPE_CLS", "last": "LLAMA_POOLING_TYPE_LAST"}
+EMBED_POOLING = "mean"  # Model.embed's default (llama-server takes the model's, "none" for a generative one)
+# llama-server's embd_normalize default: 2 = L2 (-1 none, 0 max-abs to int16, 1 taxicab, p > 2 a p-norm)
+EMBD_NORMALIZE = 2
+# The most tokens one embedded input may have: a pooled embedding must be one physical batch, so the embedding
+# context's n_ctx = n_batch = n_ubatch = this (llama-server's default n_ubatch, and its bound on an input too)
+EMBED_N_CTX = 512
 
 
 def _bounds(lo: float | None = None, hi: float | None = None, help: str = "") -> dict[str, Any]:  # noqa: A002
@@ -222,6 +231,7 @@ class ContextParams:
     type_v: str = "f16"
     flash_attn: str = "auto"
     offload_kqv: bool = True
+    pooling: str | None = None  # a POOLING_TYPES key for an embedding context; None: the model's own
     # compute with the part of the thread budget other work leaves free (see Context.adapt_threads);
     # None: adapt exactly when n_threads is not given
     adapt_threads: bool | None = None
@@ -252,6 +262,8 @@ class ContextParams:
             v = getattr(self, name)
             if v not in KV_TYPES:
                 raise InvalidParameterError(f"{name} must be one of {sorted(KV_TYPES)}, got {v!r}")
+        if self.pooling is not None and self.pooling not in POOLING_TYPES:
+            raise InvalidParameterError(f"pooling must be one of {sorted(POOLING_TYPES)} or None, got {self.pooling!r}")
         if self.flash_attn not in FLASH_ATTN:
             raise InvalidParameterError(f"flash_attn must be one of {sorted(FLASH_ATTN)}, got {self.flash_attn!r}")
         if self.type_v not in UNQUANTIZED_KV and self.flash_attn == "off":

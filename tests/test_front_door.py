@@ -200,7 +200,7 @@ def test_a_long_prompt_shows_its_progress(tmp_path):
 # --- items 6-7: llama.cpp's flags and conventions ---------------------------------------------------
 
 @pytest.mark.parametrize("flags, needle", [
-    (["-hf", "google/gemma"], "not supported: -hf (use -m FILE"),
+    (["-mu", "https://example.org/m.gguf"], "not supported: -mu (use -m FILE"),
     (["--mirostat", "2"], "not supported: --mirostat (use --temp"),
     (["-cnv"], "not supported: -cnv (use mtp-bindings chat)"),
     (["--te", "0.5"], "unrecognized arguments: --te 0.5"),  # no abbreviations
@@ -234,16 +234,19 @@ def test_every_unsupported_flag_is_refused_by_every_command_that_lacks_it():
                 with redirect_stderr(err), pytest.raises(SystemExit) as e:
                     parser.parse_args([command, flag, "1"])
                 assert e.value.code == 2 and f"not supported: {flag} (use " in err.getvalue(), (command, flag)
-    # the llama.cpp flags a command has itself (issue 26: --jinja, --chat-template, grammars, batches)
+    # the llama.cpp flags a command has itself (issue 26: --jinja, --chat-template, grammars, batches,
+    # embeddings and slot state)
     constraint = ("--grammar", "--grammar-file", "-j", "--json-schema", "-jf", "--json-schema-file")
     template = ("--chat-template", "--chat-template-file")
     batch = ("-b", "--batch-size", "-ub", "--ubatch-size")
+    embed = ("--embd-normalize", "--embedding", "--embeddings", "--pooling", "--slot-save-path")
     assert sorted(supported) == sorted(
         [("chat", "--system-prompt"), ("chat", "-sys"), ("chat", "-st"), ("chat", "--single-turn"),
          ("generate", "--file"), ("generate", "-f")]
         + [(c, "--jinja") for c in ("generate", "chat", "serve")]
         + [(c, f) for c in ("chat", "serve") for f in template]
-        + [(c, f) for c in ("generate", "chat") for f in constraint + batch])
+        + [(c, f) for c in ("generate", "chat") for f in constraint + batch]
+        + [("serve", f) for f in embed])
 
 
 def test_flag_defaults_are_the_librarys():

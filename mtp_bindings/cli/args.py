@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..hub import DEFAULT_QUANT
 from ..limits import CLI_N_PREDICT, DEFAULT_N_CTX, UNTIL_FULL
 from ..params import FLASH_ATTN, SAMPLING_DEFAULTS, ContextParams
 from ..presets import DEFAULT_PRESET, PRESETS
@@ -65,6 +66,14 @@ def add_model_args(p: argparse.ArgumentParser, *, no_mtp: bool = True) -> None:
                    help="MTP assistant GGUF to attach (default: the one named like the model beside it, e.g. "
                         "NAME-assistant-Q4_K_M.gguf for NAME-Q4_K_M.gguf or X-assistant.gguf for X-target.gguf; "
                         "none found: plain decoding)")
+    p.add_argument("-hf", "-hfr", "--hf-repo", dest="hf_repo", metavar="USER/MODEL[:QUANT]", default=None,
+                   help="download the model from this Hugging Face repository instead of -m (needs the [hub] extra): "
+                        f"the GGUF named by QUANT (case-insensitive; default {DEFAULT_QUANT}, else the first), and "
+                        "the repository's assistant named like it (see --mtp-head)")
+    p.add_argument("-hff", "--hf-file", dest="hf_file", metavar="FILE", default=None,
+                   help="the file of --hf-repo to download (overrides its QUANT)")
+    p.add_argument("-hft", "--hf-token", dest="hf_token", metavar="TOKEN", default=None,
+                   help="Hugging Face access token (default: HF_TOKEN, or the one huggingface_hub has stored)")
     if no_mtp:
         p.add_argument("--no-mtp", action="store_true", help="attach no assistant: plain decoding")
         add_speculative_args(p)

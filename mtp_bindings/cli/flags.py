@@ -99,8 +99,7 @@ class SubcommandParser(Parser):
 # (llama.cpp's spellings, what to use instead). A command that has one of these flags itself keeps
 # its own (e.g. generate's -f, chat's -sys).
 UNSUPPORTED: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-hft", "--hf-token", "-mu", "--model-url"),
-     "-m FILE, with the GGUF downloaded yourself"),
+    (("-mu", "--model-url"), "-m FILE, with the GGUF downloaded yourself, or -hf USER/MODEL[:QUANT]"),
     (("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf"),
      "--mtp-head FILE, with the assistant GGUF downloaded yourself"),
     (("-f", "--file"), "generate -f FILE; chat reads its turns from stdin: mtp-bindings chat < FILE"),
@@ -146,13 +145,13 @@ UNSUPPORTED: tuple[tuple[tuple[str, ...], str], ...] = (
      "generation keeps the KV of the longest prefix its prompt shares with what its context last held and "
      "decodes only the rest; it saves nothing to files and shifts no KV to reuse chunks past the first "
      "difference"),
-    (("--slot-save-path",), "nothing yet: a slot's KV state cannot be saved or restored"),
     (("-lv", "--verbosity", "--log-verbosity", "--log-file", "--log-disable", "--log-colors", "--log-prefix",
       "--log-timestamps", "-co", "--color", "--perf", "--no-perf", "--no-display-prompt", "--no-warmup"),
      "-v for the load log; generate prints its speed on stderr, chat with --stats"),
     (("--ssl-key-file", "--ssl-cert-file"), "a TLS proxy in front of mtp-bindings serve"),
     (("--api-key-file",), "--api-key KEY"),
-    (("--path", "--webui", "--no-webui", "--embedding", "--embeddings", "--rerank", "--reranking", "--slots",
+    (("--embedding", "--embeddings", "--pooling", "--embd-normalize"), "mtp-bindings serve --embeddings [--pooling P], or Model.embed"),
+    (("--path", "--webui", "--no-webui", "--rerank", "--reranking", "--slots",
       "--metrics", "-cb", "--cont-batching", "-nocb", "--no-cont-batching", "-to", "--timeout",
       "--threads-http", "-sps", "--slot-prompt-similarity"),
      "mtp-bindings serve's defaults: completions only, -np slots, /health and /metrics always on"),

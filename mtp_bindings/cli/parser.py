@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..limits import SERVER_N_PREDICT, UNTIL_FULL
-from ..params import RPC_SERVER_HOST, RPC_SERVER_PORT, DraftParams
+from ..params import EMBD_NORMALIZE, EMBED_POOLING, POOLING_TYPES, RPC_SERVER_HOST, RPC_SERVER_PORT, DraftParams
 from . import chat_commands
 from .args import (add_batch_args, add_chat_template_args, add_drafting_args, add_model_args, add_preset_arg,
                    add_sampling_args)
@@ -119,6 +119,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cache-prompt", dest="cache_prompt", action="store_false", default=cache.default,
                    help=f"do not {cache.metadata['help']} (default: reuse it, as llama-server; a request's "
                         "cache_prompt overrides)")
+    p.add_argument("--embedding", "--embeddings", dest="embeddings", action="store_true",
+                   help="also serve /v1/embeddings, /embedding and /embeddings (from a context of their own)")
+    p.add_argument("--pooling", choices=list(POOLING_TYPES), default=EMBED_POOLING,
+                   help=f"how --embeddings pools a text's token vectors (default {EMBED_POOLING}; none: one vector "
+                        "per token, which /v1/embeddings refuses)")
+    p.add_argument("--embd-normalize", type=int, default=EMBD_NORMALIZE, metavar="N",
+                   help=f"how pooled embeddings are normalised unless a request says (default {EMBD_NORMALIZE}: "
+                        "L2; -1 none, 0 max-abs to int16, 1 taxicab, >2 p-norm)")
+    p.add_argument("--slot-save-path", default=None, metavar="PATH",
+                   help="folder of saved slot states: enables POST /slots/{id}?action=save|restore|erase "
+                        "(default: disabled)")
     add_drafting_args(p)
     p.set_defaults(func=cmd_serve)
 

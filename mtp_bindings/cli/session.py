@@ -27,6 +27,8 @@ def model_files(args: argparse.Namespace) -> tuple[Path, Path | None, bool, str 
     """The target, the assistant to attach (None: plain decoding), whether it must fit (the user
     named it, or asked for MTP with ``--spec-type draft-mtp``), and a note to say once (None:
     nothing worth saying)."""
+    if getattr(args, "hf_repo", None) is not None or getattr(args, "hf_file", None) is not None:
+        return hub_files(args)
     target = args.model or models.TARGET
     mtp = wants_mtp(args)
     if mtp is False:
@@ -46,6 +48,28 @@ def model_files(args: argparse.Namespace) -> tuple[Path, Path | None, bool, str 
         return target, found, bool(mtp), None  # the bundled pair
     return target, found, bool(mtp), (f"attaching the MTP assistant found beside the model: {found} "
                                   "(--no-mtp for plain decoding)")
+
+
+def hub_files(args: argparse.Namespace) -> tuple[Path, Path | None, bool, str | None]:
+    """:func:`model_files` for ``-hf REPO[:QUANT]`` / ``--hf-file``: the target downloaded from the hub,
+    and its assistant: ``--mtp-head`` when given, else the repository's file named like the target."""
+    from ..hub import resolve
+
+    if args.hf_repo is None:
+        raise CLIError(f"{flag(args, 'hf_file')} names a file of --hf-repo: give -hf USER/MODEL too")
+    if args.model is not None:
+        raise CLIError(f"{flag(args, 'model')} and {flag(args, 'hf_repo')} both name the model: give one")
+    no_mtp = getattr(args, "no_mtp", False)
+    target, found = resolve(args.hf_repo, args.hf_file, assistant=not no_mtp and args.mtp_head is None,
+                            token=args.hf_token)
+    if no_mtp:
+        return target, None, False, None
+    if args.mtp_head is not None:
+        return target, args.mtp_head, True, None
+    if found is None:
+        return target, None, False, f"{args.hf_repo} has no MTP assistant named like {target.name}: plain decoding"
+    return target, found, False, f"attaching the MTP assistant of {args.hf_repo}: {found.name} (--no-mtp for plain " \
+                                 "decoding)"
 
 
 def _load_progress(target: Path, interrupt: Interrupt) -> Any:

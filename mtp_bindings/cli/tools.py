@@ -40,7 +40,9 @@ def cmd_serve(args: argparse.Namespace, interrupt: Interrupt) -> int:
               flash_attn=args.flash_attn, chat_template=template,
               draft_n_max=args.draft_n_max, preset=args.preset, depth2=False if args.no_depth2 else None,
               skip_streak=args.skip_streak, cache_prompt=args.cache_prompt, access_log=args.verbose,
-              cors_origins=args.cors_origins)
+              cors_origins=args.cors_origins,
+              embeddings=args.embeddings, pooling=args.pooling, embd_normalize=args.embd_normalize,
+              slot_save_path=args.slot_save_path)
     return 0
 
 

@@ -74,8 +74,10 @@ The package, one job a module, each importing only the ones listed before it:
   aliases); :mod:`.slots` -- contexts and their worker threads; :mod:`.responses` -- response
   bodies; :mod:`.streaming` -- server-sent events;
 * :mod:`.auth` -- the API key; :mod:`.handlers` -- what each route does; :mod:`.llama_completion`
-  -- llama-server's ``/completion``; :mod:`.app` -- the app factory; :mod:`.runner` -- the socket,
-  uvicorn and shutdown.
+  -- llama-server's ``/completion``; :mod:`.embeddings` -- ``/v1/embeddings``, ``/embedding(s)``
+  (``serve --embeddings``); :mod:`.slot_state` -- ``POST /slots/{id}?action=save|restore|erase``
+  (``--slot-save-path``); :mod:`.app` -- the app factory; :mod:`.runner` -- the socket, uvicorn and
+  shutdown.
 """
 
 from __future__ import annotations

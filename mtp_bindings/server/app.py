@@ -27,13 +27,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..chat_template import check_template
 from ..exceptions import InvalidParameterError
 from ..limits import SERVER_N_PREDICT
-from ..params import ContextParams, DraftParams
+from ..params import EMBD_NORMALIZE, EMBED_POOLING, ContextParams, DraftParams
 from ..threads import threads_per_slot
 from .auth import BearerKey
+from .embeddings import EMBEDDING_ROUTES, add_embedding_routes
 from .errors import APIError, ClientGone
 from .handlers import Server
 from .llama_completion import native_completion
 from .metrics import CONTENT_TYPE, RequestCounter
+from .slot_state import add_slot_state_routes
 from .params import DraftDefaults
 
 logger = logging.getLogger(__name__)
@@ -66,6 +68,10 @@ def create_app(
     skip_streak: int | None = None,
     cache_prompt: bool = DraftParams.cache_prompt,
     cors_origins: str = "*",
+    embeddings: bool = False,  # serve /v1/embeddings, /embedding(s) (llama-server's --embeddings), pooled so:
+    pooling: str = EMBED_POOLING,
+    embd_normalize: int = EMBD_NORMALIZE,  # what an embedding request that sets none gets
+    slot_save_path: str | None = None,  # llama-server's --slot-save-path: POST /slots/{id}?action=save|restore
 ) -> FastAPI:
     """The FastAPI app serving ``model`` (already loaded, assistant attached or not) as
     ``model_name``. A request that sets no length limit gets at most ``n_predict`` tokens (-1:
@@ -116,7 +122,10 @@ def create_app(
     app.state.server = server
     _add_error_handlers(app)
     _add_routes(app, server, BearerKey(api_key))
-    app.add_middleware(RequestCounter, metrics=server.metrics, routes=ROUTES)
+    add_embedding_routes(app, server, BearerKey(api_key), enabled=embeddings, pooling=pooling,
+                         embd_normalize=embd_normalize)
+    add_slot_state_routes(app, server, BearerKey(api_key), save_path=slot_save_path)
+    app.add_middleware(RequestCounter, metrics=server.metrics, routes=ROUTES + EMBEDDING_ROUTES)
     origins = [o.strip() for o in cors_origins.split(",") if o.strip()]
     if not origins:
         raise InvalidParameterError(f"cors_origins must name at least one origin (or '*'), got {cors_origins!r}")

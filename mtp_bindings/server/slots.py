@@ -131,6 +131,21 @@ class SlotPool:
             self.idle.remove(slot)
             self.inboxes[slot].put(job)
 
+    def try_reserve(self, slot: int) -> Any | None:
+        """Slot ``slot``'s context, taken off the free list so that no job starts on it until
+        :meth:`release` (its state is being saved or restored); None while a job runs there."""
+        with self._lock:
+            if slot not in self.idle:
+                return None
+            self.idle.remove(slot)
+            return self.contexts[slot]
+
+    def release(self, slot: int) -> None:
+        """Give a slot :meth:`try_reserve` took back to the jobs."""
+        with self._lock:
+            self.idle.append(slot)
+            self._dispatch()
+
     def abort_all(self, error: APIError) -> None:
         """The server is stopping: refuse new jobs, answer the queued ones with ``error`` now and
         stop the running ones at their next round (their handlers answer with ``error`` too)."""
