@@ -12,7 +12,7 @@ from test_cli import run
 
 
 def chat(stdin: str, *flags: str):
-    out = run("chat", "-n", "12", "--stats", *flags, stdin=stdin)
+    out = run("chat", "-n", "12", "--temp", "0", "--stats", *flags, stdin=stdin)  # greedy: replies comparable
     assert out.returncode == 0, out.stderr
     return out
 

@@ -24,7 +24,7 @@ UPSTREAM_MTP = ["--spec-type", "draft-mtp", "--spec-draft-model", ASSISTANT, "--
 
 
 def generate_json(*flags: str) -> dict:
-    out = run("generate", "-p", "def parse(argv):\n", "-n", "24", "--json", *flags)
+    out = run("generate", "-p", "def parse(argv):\n", "-n", "24", "--json", "--temp", "0", *flags)  # greedy
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -151,9 +151,9 @@ def test_a_builtin_template_name_renders_llama_cpps_format():
 def test_chat_with_chat_template_chatml_answers_the_chatml_prompt():
     """The reply to "write a function" in chatml is what ``generate`` writes after that chatml
     prompt (greedy), and differs from the reply in the GGUF's own template."""
-    chatml = run("chat", "-n", "24", "--chat-template", "chatml", stdin="write a function\n")
-    raw = run("generate", "-n", "24", "-p", "<|im_start|>user\nwrite a function<|im_end|>\n<|im_start|>assistant\n")
-    own = run("chat", "-n", "24", stdin="write a function\n")
+    chatml = run("chat", "-n", "24", "--temp", "0", "--chat-template", "chatml", stdin="write a function\n")
+    raw = run("generate", "-n", "24", "--temp", "0", "-p", "<|im_start|>user\nwrite a function<|im_end|>\n<|im_start|>assistant\n")
+    own = run("chat", "-n", "24", "--temp", "0", stdin="write a function\n")
     assert chatml.returncode == raw.returncode == own.returncode == 0, chatml.stderr
     assert chatml.stdout.strip() and chatml.stdout == raw.stdout != own.stdout
 
@@ -163,9 +163,9 @@ def test_a_template_file_renders_like_the_builtin_of_the_same_format(tmp_path):
     f.write_text("{{ bos_token }}{% for m in messages %}"
                  "{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}"
                  "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-    by_name = run("chat", "-n", "16", "--chat-template", "chatml", stdin="hello\n")
+    by_name = run("chat", "-n", "16", "--temp", "0", "--chat-template", "chatml", stdin="hello\n")
     for flag in ("--chat-template", "--chat-template-file"):
-        by_file = run("chat", "-n", "16", flag, str(f), stdin="hello\n")
+        by_file = run("chat", "-n", "16", "--temp", "0", flag, str(f), stdin="hello\n")
         assert by_file.returncode == 0 and by_file.stdout == by_name.stdout, by_file.stderr
 
 

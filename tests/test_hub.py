@@ -129,7 +129,8 @@ def run(code: str, hub: ThreadingHTTPServer, home: Path, *,
            "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     env.pop("HF_TOKEN", None)
     cmd = [sys.executable, "-c", code] if args is None else [sys.executable, "-m", "mtp_bindings", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    # away from the checkout, whose mtp_bindings/ (no compiled extension) would shadow the installed package
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, cwd=home)
 
 
 LOAD = """
@@ -137,7 +138,7 @@ import json, sys
 from mtp_bindings import Model
 with Model.from_pretrained({repo!r}, {filename!r}, {assistant!r}) as m:
     print(json.dumps({{"path": str(m.path), "assistant": m.has_assistant,
-                      "text": m.generate("def main(", max_tokens=8).text}}))
+                      "text": m.generate("def main(", max_tokens=8, temperature=0).text}}))
 """
 
 
@@ -151,7 +152,7 @@ def reference_text() -> str:
     from mtp_bindings import Model
 
     with Model(TARGET) as m:
-        return m.generate("def main(", max_tokens=8).text
+        return m.generate("def main(", max_tokens=8, temperature=0).text
 
 
 @needs_hub
@@ -198,7 +199,7 @@ def test_an_unknown_repository_is_a_typed_error(hub, tmp_path):
 @needs_hub
 def test_cli_hf_repo_takes_the_default_quant_and_its_assistant(hub, tmp_path):
     out = run("", hub, tmp_path, args=["generate", "-hf", "test-org/tiny-GGUF", "-p", "def main(", "-n", "8",
-                                        "-v"])
+                                        "--temp", "0", "-v"])
     assert out.returncode == 0, out.stderr
     assert "tiny-Q4_K_M.gguf" in out.stderr and "tiny-assistant-Q4_K_M.gguf" in out.stderr
     assert out.stdout.startswith("def main(" + reference_text()) or reference_text() in out.stdout
@@ -231,7 +232,7 @@ def test_without_huggingface_hub_the_error_says_to_install_the_hub_extra(tmp_pat
             "from mtp_bindings.exceptions import HubNotInstalledError\n"
             "try:\n    Model.from_pretrained('test-org/trained-pair', 'trained-target.gguf')\n"
             "except HubNotInstalledError as e:\n    print('refused:', e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "refused:" in out.stdout and "mtp-bindings[hub]" in out.stdout
 
@@ -265,5 +266,6 @@ def test_the_quant_rule_is_llama_cpps():
 ])
 def test_cli_hub_flags_that_contradict_are_one_clear_error(args, needle, tmp_path):
     out = subprocess.run([sys.executable, "-m", "mtp_bindings", "generate", *args, "-p", "x", "-n", "1"],
-                         capture_output=True, text=True, timeout=60, env={**os.environ, "HF_HOME": str(tmp_path)})
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "HF_HOME": str(tmp_path)},
+                         cwd=tmp_path)
     assert out.returncode != 0 and needle in out.stderr and "Traceback" not in out.stderr

@@ -154,7 +154,9 @@ def running_server(args: list[str], folder: Path) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with running_server(["-c", str(N_CTX), "-np", str(N_SLOTS)], tmp_path_factory.mktemp("server")) as s:
+    # --metrics and --slots as a llama-server command line has them: accepted, /metrics and /slots are always on
+    with running_server(["-c", str(N_CTX), "-np", str(N_SLOTS), "--metrics", "--slots"],
+                        tmp_path_factory.mktemp("server")) as s:
         yield s
 
 

@@ -43,7 +43,7 @@ def tokens() -> tuple[list[int], list[int]]:
 
     with Model(_model_files()[0]) as m:
         prompt = m.tokenize(PROMPT)
-        return prompt, m.generate(prompt, max_tokens=N).tokens
+        return prompt, m.generate(prompt, max_tokens=N, temperature=0).tokens
 
 
 def complete(c: httpx.Client, prompt: list[int], n: int) -> dict[str, Any]:

@@ -33,35 +33,35 @@ def fresh(model):
 def test_restore_into_a_fresh_context_goes_on_as_if_never_interrupted(model, tmp_path):
     prompt = model.tokenize(PROMPT)
     with fresh(model) as ctx, fresh(model) as restored, fresh(model) as whole:
-        first = model.generate(prompt, max_tokens=N, context=ctx)
+        first = model.generate(prompt, max_tokens=N, context=ctx, temperature=0)
         assert first.stats.n_drafted > 0, "MTP drafting must be on for this test to mean anything"
         saved = model.save_state(tmp_path / "s.bin", context=ctx)
-        reference = model.generate(prompt + first.tokens, max_tokens=M, context=ctx)
+        reference = model.generate(prompt + first.tokens, max_tokens=M, context=ctx, temperature=0)
 
         loaded = model.load_state(tmp_path / "s.bin", context=restored)
         assert loaded.tokens == saved.tokens and loaded.n_bytes == saved.n_bytes
-        again = model.generate(prompt + first.tokens, max_tokens=M, context=restored)
+        again = model.generate(prompt + first.tokens, max_tokens=M, context=restored, temperature=0)
         assert again.tokens == reference.tokens
         assert again.stats.n_drafted > 0
         # and both are what one uninterrupted generation of N + M tokens gives
-        assert first.tokens + again.tokens == model.generate(prompt, max_tokens=N + M, context=whole).tokens
+        assert first.tokens + again.tokens == model.generate(prompt, max_tokens=N + M, context=whole, temperature=0).tokens
 
 
 def test_a_restored_sequence_is_reused_by_the_prompt_cache_not_decoded_again(model, tmp_path):
     prompt = model.tokenize(PROMPT)
     with fresh(model) as ctx, fresh(model) as restored:
-        first = model.generate(prompt, max_tokens=N, context=ctx)
+        first = model.generate(prompt, max_tokens=N, context=ctx, temperature=0)
         saved = save_state(ctx, tmp_path / "s.bin")
         load_state(restored, tmp_path / "s.bin")
         assert prompt_cache(restored).held[0] == saved.tokens
-        again = model.generate(prompt + first.tokens, max_tokens=4, context=restored)
+        again = model.generate(prompt + first.tokens, max_tokens=4, context=restored, temperature=0)
         assert again.stats.n_prompt_cached == len(saved.tokens) == len(prompt) + N - 1
 
 
 def test_the_saved_tokens_are_the_prompt_and_reply_whose_kv_the_sequence_holds(model, tmp_path):
     prompt = model.tokenize(PROMPT)
     with fresh(model) as ctx:
-        first = model.generate(prompt, max_tokens=N, context=ctx)
+        first = model.generate(prompt, max_tokens=N, context=ctx, temperature=0)
         saved = save_state(ctx, tmp_path / "s.bin")
         # the last sampled token is not decoded yet: its KV is not there
         assert saved.tokens == prompt + first.tokens[:-1]
@@ -70,9 +70,9 @@ def test_the_saved_tokens_are_the_prompt_and_reply_whose_kv_the_sequence_holds(m
 
 def test_restoring_replaces_what_the_context_held_and_the_prompt_cache_record(model, tmp_path):
     with fresh(model) as a, fresh(model) as b:
-        model.generate(model.tokenize(PROMPT), max_tokens=N, context=a)
+        model.generate(model.tokenize(PROMPT), max_tokens=N, context=a, temperature=0)
         saved = save_state(a, tmp_path / "a.bin")
-        model.generate(model.tokenize("The quick brown fox jumps over"), max_tokens=30, context=b)
+        model.generate(model.tokenize("The quick brown fox jumps over"), max_tokens=30, context=b, temperature=0)
         load_state(b, tmp_path / "a.bin")
         assert prompt_cache(b).held[0] == saved.tokens
         assert b.seq_pos_max(0) + 1 == len(saved.tokens)
@@ -131,9 +131,9 @@ def test_more_tokens_than_the_sequence_holds_are_refused(model, tmp_path):
 def test_saving_in_the_middle_of_a_stream_leaves_the_stream_exact(model, tmp_path):
     prompt = model.tokenize(PROMPT)
     with fresh(model) as ctx, fresh(model) as other:
-        stream = model.generate(prompt, max_tokens=N + M, context=ctx, stream=True)
+        stream = model.generate(prompt, max_tokens=N + M, context=ctx, stream=True, temperature=0)
         head = [next(stream) for _ in range(3)]
         assert current_session(ctx).in_flight is not None  # the depth-2 overlap: a draft is being computed
         save_state(ctx, tmp_path / "mid.bin")
         text = "".join(head) + "".join(stream)
-        assert text == model.generate(prompt, max_tokens=N + M, context=other).text
+        assert text == model.generate(prompt, max_tokens=N + M, context=other, temperature=0).text

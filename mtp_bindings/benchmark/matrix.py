@@ -166,6 +166,8 @@ class MatrixRunner:
                                           "t_sample": st.t_sample, "n_rounds": st.n_rounds})
 
     def _http(self, srv: ServerProcess, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        # token ids are for the native /completion: the OpenAI route has no place for them (ours refuses asking)
+        body = {k: v for k, v in body.items() if k != "return_tokens"}
         status, payload, wall = srv.client.request("POST", "/v1/completions", body)
         if status != 200 or not isinstance(payload, dict):
             raise RuntimeError(f"{srv.name}: HTTP {status}: {str(payload)[:500]}")

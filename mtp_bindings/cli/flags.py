@@ -140,6 +140,7 @@ UNSUPPORTED: tuple[tuple[tuple[str, ...], str], ...] = (
     (("-cd", "--ctx-size-draft", "--spec-replace", "-ctkd", "-ctvd", "--spec-draft-type-k", "--spec-draft-type-v",
       "--cache-type-k-draft", "--cache-type-v-draft"),
      "--spec-draft-n-max: the assistant drafts in the target's own context"),
+    (("--slot-save-path",), "mtp-bindings serve --slot-save-path DIR, or Model.save_state / load_state"),
     (("--prompt-cache", "--prompt-cache-all", "--prompt-cache-ro", "--cache-reuse"),
      "the built-in prompt cache, on by default in chat and serve (serve --no-cache-prompt turns it off): a "
      "generation keeps the KV of the longest prefix its prompt shares with what its context last held and "
@@ -151,10 +152,9 @@ UNSUPPORTED: tuple[tuple[tuple[str, ...], str], ...] = (
     (("--ssl-key-file", "--ssl-cert-file"), "a TLS proxy in front of mtp-bindings serve"),
     (("--api-key-file",), "--api-key KEY"),
     (("--embedding", "--embeddings", "--pooling", "--embd-normalize"), "mtp-bindings serve --embeddings [--pooling P], or Model.embed"),
-    (("--path", "--webui", "--no-webui", "--rerank", "--reranking", "--slots",
-      "--metrics", "-cb", "--cont-batching", "-nocb", "--no-cont-batching", "-to", "--timeout",
-      "--threads-http", "-sps", "--slot-prompt-similarity"),
-     "mtp-bindings serve's defaults: completions only, -np slots, /health and /metrics always on"),
+    (("--path", "--webui", "--no-webui", "--rerank", "--reranking", "-cb", "--cont-batching", "-nocb",
+      "--no-cont-batching", "-to", "--timeout", "--threads-http", "-sps", "--slot-prompt-similarity"),
+     "mtp-bindings serve's defaults: no web UI or reranking, -np slots, /health, /metrics and /slots always on"),
 )
 
 

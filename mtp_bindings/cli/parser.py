@@ -105,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="require 'Authorization: Bearer KEY' or 'X-Api-Key: KEY' (all routes but /health)")
     p.add_argument("--cors-origins", default="*", metavar="ORIGINS",
                    help="comma-separated origins browsers may call from (default *: any, as llama-server)")
+    # llama-server's switches for what this server always has: accepted so its command lines run as they are
+    p.add_argument("--metrics", action="store_true", help="accepted for llama-server's command lines: /metrics "
+                                                          "is always on")
+    p.add_argument("--slots", action="store_true", help="accepted for llama-server's command lines: GET /slots is "
+                                                        "always on")
     p.add_argument("-np", "--parallel", type=int, default=1,
                    help="slots: requests generated at once, each with its own context (default 1); "
                         "more requests queue")
