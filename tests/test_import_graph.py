@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 # Modules that must import without the compiled extension (the fast test tier).
 PURE_MODULES = ("params", "limits", "presets", "env", "exceptions", "chat_reply", "template_env", "gemma4_template",
                 "_backends",
-                "generation.sampling",
+                "generation.sampling", "generation.agreement",
                 "generation.rejection", "generation.stats", "generation.results", "generation.text",
                 "generation.trace")
 
