@@ -58,10 +58,11 @@ TOL: dict[str, Tolerance] = {
     "prompt_batch": Tolerance(1.5e-2, 5.6e-3, "0 with the f16 KV cache (every target; native, haswell, zen4) and with "
                                               "f32 KV under haswell and zen4; with f32 KV on the native (AMX) build up "
                                               "to 5.6e-3 (keqv; ple 3.4e-3, dense 1.5e-3, trained 6.6e-4); 2.7x"),
-    # the scaled pair (scale_pair) vs the trained one, teacher-forced, same f16 weight values
-    "scaled_vs_trained_f16kv": Tolerance(1e-2, 4.5e-3, "scale_pair small config, f16 KV (sqrt(k)-wider V rounded to "
-                                                       "f16 at other values); 2.2x"),
-    "scaled_vs_trained_f32kv": Tolerance(2e-3, 5.6e-4, "the same with an f32 KV cache; 3.6x"),
+    # the scaled pair (scale_pair, ScaleConfig.small()) vs the trained one, teacher-forced, same f16 weights;
+    # the value is scale-pair --check's own LOGIT_TOL (test_scale_pair.py checks they are one)
+    "scaled_vs_trained": Tolerance(2.5e-2, 1.27e-2, "f16 KV: 4.1e-3 native, 8.8e-3 haswell, 1.27e-2 zen4; f32 KV: "
+                                                       "8.2e-4 / 1.26e-2 / 1.23e-2 (prompt rows and 32 forced "
+                                                       "tokens, five prompts); ~2x"),
     # ours vs Hugging Face transformers (F32 fixtures, flash attention off): ggml's fp16 GELU table
     "ours_vs_hf": Tolerance(0.25, 0.13, "teacher-forced logits vs HF, random fixtures (PLE worst; position 0 "
                                         "<= 8e-3); 1.9x"),
