@@ -147,6 +147,8 @@ def test_greedy_tokens_equal_the_local_run(rpc_runs: dict[str, Any], local_runs:
     # Over RPC the weights are held as stored (no repacked CPU layouts on a remote buffer): the local run
     # to match is the one with repack=False (llama-server's --no-repack)
     local = local_runs[False]
+    # exact: the remote runs the same CPU kernels on the same (unrepacked) weights, and MTP's verify rows
+    # are one-token decodes' rows (tests/numerics.py)
     assert rpc_runs["plain"].tokens == local["plain"].tokens
     assert rpc_runs["mtp"].tokens == local["mtp"].tokens
     assert local["plain"].tokens == local["mtp"].tokens  # MTP is lossless locally too
