@@ -16,7 +16,8 @@ Three kinds of comparison, and which one a test needs:
   a near-tie (the two tokens within ``2 * tol`` on the reference's row, the one plain decoding chose
   from); after a parting nothing is comparable.
 
-Headroom: each tolerance is the largest difference measured (on this machine's native build and
+Headroom: each tolerance is the largest difference measured (on this machine's native build, a 2-core
+Sapphire Rapids with AMX, and
 under the haswell (AVX2) and zen4 (AVX-512) variants, ``tools/cpu_variant.sh``), times the factor
 given; a construction error moves logits by far more (0.1-10).
 """
@@ -85,7 +86,9 @@ def assert_same_tokens(reference: Sequence[int], other: Sequence[int], label: ob
     """Exactly equal: two runs of one computation (tolerance ``mtp_vs_plain``)."""
     at = first_parting(reference, other)
     if at is not None:
-        raise AssertionError(_describe(label, Agreement(0.0, at), reference, other))
+        raise AssertionError(f"{label}: parted at token {at} ({list(other[at:at + 1])} vs the reference's "
+                             f"{list(reference[at:at + 1])}, lengths {len(other)} and {len(reference)}); "
+                             "one computation must not part at all")
 
 
 def assert_agree(reference: Sequence[int], other: Sequence[int], row_at: Callable[[int], np.ndarray],

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mtp_bindings.generation.agreement import compare_greedy, first_parting, is_near_tie
-from numerics import TOL
+from numerics import TOL, assert_agree, assert_same_tokens
 
 
 def _rows(gap_at_2: float) -> list[np.ndarray]:
@@ -63,3 +63,17 @@ def test_every_tolerance_has_a_measured_basis_and_headroom():
             assert tol.headroom >= 1.5, (name, tol.headroom)  # room for another CPU's rounding
         else:
             assert tol.value == 0.0, name  # nothing measured: exact
+
+
+def test_the_exact_helper_names_the_first_parting():
+    assert_same_tokens([1, 2, 3], [1, 2, 3])
+    with pytest.raises(AssertionError, match="parted at token 1"):
+        assert_same_tokens([1, 2, 3], [1, 5, 3], "mtp")
+
+
+def test_the_agreement_helper_passes_a_near_tie_and_fails_a_clear_gap():
+    tol = TOL["prompt_batch"]
+    near, far = _rows(1.9 * tol.value), _rows(2.1 * tol.value)
+    assert assert_agree([1, 1, 1], [1, 1, 3], near.__getitem__, tol).at == 2
+    with pytest.raises(AssertionError, match="not a near-tie"):
+        assert_agree([1, 1, 1], [1, 1, 3], far.__getitem__, tol)
