@@ -17,9 +17,8 @@ Three kinds of comparison, and which one a test needs:
   from); after a parting nothing is comparable.
 
 Headroom: each tolerance is the largest difference measured (on this machine's native build, a 2-core
-Sapphire Rapids with AMX, and
-under the haswell (AVX2) and zen4 (AVX-512) variants, ``tools/cpu_variant.sh``), times the factor
-given; a construction error moves logits by far more (0.1-10).
+Sapphire Rapids with AMX, and under the haswell (AVX2) and zen4 (AVX-512) variants built by
+``tools/cpu_variant.sh``), times the factor given; a construction error moves logits by far more (0.1-10).
 """
 
 from __future__ import annotations
