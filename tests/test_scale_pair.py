@@ -188,3 +188,16 @@ def test_f16_files_written_only_to_be_quantized_are_removed(tmp_path):
     pair = scale_pair(SMALL, types=("q8_0",), cache_dir=tmp_path, threads=2, progress=False)
     assert all(p.is_file() for p in pair.paths())
     assert not list(pair.directory.glob("*-f16.gguf"))
+
+
+def test_scale_pair_check_passes_on_the_small_configuration(built):
+    # the product's comparison (scale-pair --check) on the same files: teacher-forced logits, tokens by the
+    # near-tie rule; its report names any parting
+    from mtp_bindings._scale_check import check, format_report
+
+    pair, _ = built
+    report = check(pair, SMALL, "f16", n_threads=2)
+    text = format_report(report)
+    assert report["ok"], text
+    assert report["max_logit_diff"] <= _scale_check.LOGIT_TOL and report["greedy_agree"] == report["prompts"]
+    assert all(line in text for line in report["partings"])
