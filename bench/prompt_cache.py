@@ -43,7 +43,7 @@ def pair_paths(name: str) -> tuple[Path, Path]:
 def first_piece(model: Any, messages: list[dict[str, str]], ctx: Any, **kwargs: Any) -> tuple[float, Any]:
     """Seconds to the first streamed piece of a reply to ``messages``, and the final stats."""
     t0 = time.perf_counter()
-    stream = model.chat(messages, max_tokens=8, stream=True, context=ctx, **kwargs)
+    stream = model.chat(messages, max_tokens=8, stream=True, context=ctx, temperature=0, **kwargs)
     next(stream)
     ttft = time.perf_counter() - t0
     stats = None
@@ -63,7 +63,7 @@ def measure(name: str, reps: int, tokens: int, n_ctx: int) -> dict[str, Any]:
                 messages: list[dict[str, str]] = []
                 for text in TURNS[:-1]:
                     messages.append({"role": "user", "content": text})
-                    reply = model.chat(messages, max_tokens=tokens, context=ctx)
+                    reply = model.chat(messages, max_tokens=tokens, context=ctx, temperature=0)
                     messages.append({"role": "assistant", "content": reply.text})
                 messages.append({"role": "user", "content": TURNS[-1]})
                 t_c, stats_c = first_piece(model, messages, ctx)  # turns 1-9 left their KV

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .exceptions import (
     AssistantFileNotFoundError,
     AssistantLoadError,
+    ContextBusyError,
     ContextError,
     ContextOverflowError,
     CPUVariantError,
@@ -29,11 +30,13 @@ from .exceptions import (
     InvalidParameterError,
     ModelFileNotFoundError,
     ModelLoadError,
+    NotATargetModelError,
     MTPBindingsError,
     MTPBusyError,
     MTPError,
     NoAssistantError,
     RPCServerError,
+    TextOnlyError,
     TokenizeError,
 )
 
@@ -69,5 +72,5 @@ __all__ = [
     "MTPBindingsError", "InvalidParameterError", "ModelLoadError", "ModelFileNotFoundError",
     "AssistantLoadError", "AssistantFileNotFoundError", "ContextError", "TokenizeError", "DecodeError",
     "ContextOverflowError", "MTPError", "MTPBusyError", "NoAssistantError", "GenerationCancelled",
-    "RPCServerError", "CPUVariantError",
+    "RPCServerError", "CPUVariantError", "ContextBusyError", "NotATargetModelError", "TextOnlyError",
 ]

@@ -15,10 +15,15 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from .embeddings import EmbedInput, embed
+from .hub import resolve
 from .generation.driver import chat, generate
 from .generation.results import GenerationResult, TextPiece
+from .generation.state import StateIO, load_state, save_state
 from .model import LlamaModel, check_gguf_file
+from .context import Context
 from .mtp import MTPContext, attach_assistant
+from .params import EMBED_N_CTX, EMBED_POOLING
 
 logger = logging.getLogger("mtp_bindings")
 
@@ -26,14 +31,23 @@ logger = logging.getLogger("mtp_bindings")
 class Model(LlamaModel):
     """A GGUF model loaded with llama.cpp, optionally with an MTP assistant attached.
 
-    >>> with Model("target.gguf", assistant="assistant.gguf") as model:
+    >>> with Model("target.gguf", assistant="assistant.gguf", n_ctx=8192) as model:
     ...     print(model.generate("def main(", max_tokens=32).text)
+
+    Generations on one model may overlap (two streams, several threads): each ``generate`` / ``chat``
+    without ``context=`` gets a context of its own from the model's pool (see
+    :func:`mtp_bindings.generation.driver.generate`).
 
     ``path`` is the target GGUF; ``assistant`` an optional MTP assistant GGUF to attach (see
     :meth:`attach_assistant`), its layers placed like the target's unless ``n_gpu_layers_draft``
     / ``devices_draft`` say otherwise (llama.cpp's ``-ngld`` / ``-devd``); the other keyword
     arguments (``n_gpu_layers``, ``devices``, ``rpc_servers``, ``use_mmap``, ``vocab_only``, ``repack``,
-    ``progress``, ``verbose``) are :class:`~mtp_bindings.model.LlamaModel`'s. With ``rpc_servers``
+    ``progress``, ``verbose``, and the context settings ``n_ctx``, ``n_threads``, ``n_threads_batch``,
+    ``n_batch``, ``n_ubatch``, ``type_k``, ``type_v``, ``flash_attn``, ... as llama-cpp-python's
+    ``Llama(...)`` takes them: the defaults of the contexts ``generate`` / ``chat`` and
+    :meth:`create_context` make) are :class:`~mtp_bindings.model.LlamaModel`'s; any other keyword is a
+    TypeError naming ``Model``. An MTP assistant file given as ``path`` is refused
+    (:class:`~mtp_bindings.exceptions.NotATargetModelError`). With ``rpc_servers``
     (other machines' ``rpc-server`` workers, llama.cpp's ``--rpc``) ``n_gpu_layers`` splits the layers
     across their devices, and the assistant follows.
     """
@@ -47,6 +61,19 @@ class Model(LlamaModel):
         super().__init__(path, **load)
         if assistant is not None:
             self.attach_assistant(assistant, n_gpu_layers=n_gpu_layers_draft, devices=devices_draft)
+
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str | None = None, assistant_filename: str | None = None, *,
+                        revision: str | None = None, token: str | None = None,
+                        cache_dir: str | os.PathLike[str] | None = None, **kwargs: Any) -> Model:
+        """Load a GGUF from a Hugging Face hub repository (downloaded once into huggingface_hub's
+        cache; needs the ``hub`` extra), as llama-cpp-python's ``Llama.from_pretrained``:
+        ``filename`` a name or a glob (None: ``repo_id``'s ``:QUANT``, llama.cpp's ``-hf`` rule, see
+        :mod:`mtp_bindings.hub`), ``assistant_filename`` the MTP assistant's (a name or glob; None: no
+        assistant); ``kwargs`` are :class:`Model`'s."""
+        target, assistant = resolve(repo_id, filename, assistant=assistant_filename, revision=revision,
+                                    token=token, cache_dir=cache_dir)
+        return cls(target, assistant=assistant, **kwargs)
 
     def create_context(self, *args: Any, **kwargs: Any) -> MTPContext:
         """A new :class:`~mtp_bindings.mtp.MTPContext` on this model (keyword arguments are
@@ -77,3 +104,25 @@ class Model(LlamaModel):
         ``chat_template`` and ``chat_template_kwargs`` as :func:`mtp_bindings.generation.driver.chat`
         takes them (the result's ``message`` holds content, reasoning_content and tool_calls)."""
         return chat(self, messages, **kwargs)
+
+    def embed(self, input: EmbedInput, *, pooling: str = EMBED_POOLING, normalize: bool | int = True,  # noqa: A002
+              n_ctx: int = EMBED_N_CTX) -> Any:
+        """Embeddings of a text, a token list, or a list of either, from a context of their own
+        (see :mod:`mtp_bindings.embeddings`): ``pooling`` is llama-server's ``--pooling`` (``mean``,
+        ``cls``, ``last``, or ``none``: one vector per token), ``normalize`` True for L2 (llama-server's
+        default), False for raw vectors, or an ``embd_normalize`` int; inputs of at most ``n_ctx`` tokens.
+        One input gives an array ``[n_embd]`` (unpooled ``[n_tokens, n_embd]``), a list ``[n, n_embd]``
+        (unpooled: a list of arrays)."""
+        return embed(self, input, pooling=pooling, normalize=normalize, n_ctx=n_ctx)
+
+    def save_state(self, path: str | os.PathLike[str], *, context: Context | None = None, seq_id: int = 0) -> StateIO:
+        """Save a context's sequence (default: the one ``generate`` uses) -- its KV and the tokens of
+        its last generation -- to ``path``, any drafting request in flight drained first (see
+        :mod:`mtp_bindings.generation.state`)."""
+        return save_state(context or self.generation_context(), path, seq_id=seq_id)
+
+    def load_state(self, path: str | os.PathLike[str], *, context: Context | None = None, seq_id: int = 0) -> StateIO:
+        """Restore a sequence saved by :meth:`save_state` into ``context`` (default: the one
+        ``generate`` uses): a ``generate`` whose prompt starts with the saved tokens then goes on
+        as if never interrupted, decoding only what follows them."""
+        return load_state(context or self.generation_context(), path, seq_id=seq_id)

@@ -5,6 +5,14 @@ A context serializes its own use: calls from several threads take turns (each pu
 the context's lock), so two threads sharing one context get consistent, if interleaved, results.
 Give each thread its own context for parallel work.
 
+A generation owns its context from its first token to its end (:meth:`Context.generation_claim`),
+so two never interleave on one KV cache. A second generation asked of an owned context waits its
+turn when the owner is another thread's whole (non-stream) generation, which runs to its end; when
+the owner is a stream -- which its reader may keep suspended in a variable for any time -- or a
+generation on the same thread, waiting could last forever, so it raises
+:class:`~mtp_bindings.exceptions.ContextBusyError` at once. ``Model.generate`` without a ``context``
+never meets either: the model lends it an idle context of its pool or a fresh one.
+
 A context knows nothing of drafting. Layers above it subscribe to its events instead:
 :meth:`Context.on_kv_edit` callbacks run before a destructive KV edit and :meth:`Context.on_close`
 callbacks before the native context is freed (the MTP layer drains its request in flight there).
@@ -17,6 +25,8 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import fields
 from typing import Any, Callable, Literal, Protocol, Sequence, TypeVar
 
@@ -26,7 +36,8 @@ from . import _native
 from ._handle import NativeHandle
 from ._native import ffi, lib
 from .exceptions import ContextError, ContextOverflowError, DecodeError, InvalidParameterError
-from .params import FLASH_ATTN, KV_TYPES, THREADS_MAX, ContextParams, valid_thread_count
+from .params import FLASH_ATTN, KV_TYPES, POOLING_TYPES, THREADS_MAX, ContextParams, valid_thread_count
+from .turns import GenerationTurn
 from .threads import (ADAPT_INTERVAL_S, ADAPT_SAMPLES, check_threads, default_threads, runnable_threads,
                       threads_for_load, usable_cpus)
 
@@ -64,6 +75,8 @@ def native_context_params(params: ContextParams) -> Any:
     p.type_v = getattr(lib, KV_TYPES[params.type_v])
     p.flash_attn_type = getattr(lib, FLASH_ATTN[params.resolved_flash_attn])
     p.offload_kqv = params.offload_kqv
+    if params.pooling is not None:
+        p.pooling_type = getattr(lib, POOLING_TYPES[params.pooling])
     p.no_perf = False
     return p
 
@@ -93,6 +106,7 @@ class Context(NativeHandle):
         self.params.validate()
         self.model = model
         self._lock = threading.RLock()
+        self._turn = GenerationTurn()  # which generation owns the context (see generation_claim)
         self._before_kv_edit: list[Callable[[], None]] = []
         self._before_close: list[Callable[[], None]] = []
         self._extensions: dict[str, Any] = {}
@@ -153,6 +167,7 @@ class Context(NativeHandle):
             return ext
 
     def _kv_edit(self) -> None:
+        self._turn.check()
         for callback in self._before_kv_edit:
             callback()
 
@@ -160,6 +175,24 @@ class Context(NativeHandle):
     def lock(self) -> threading.RLock:
         """The context's (re-entrant) lock: hold it to make a sequence of calls one turn."""
         return self._lock  # type: ignore[return-value]
+
+    def generation_claim(self, stream: bool = True) -> AbstractContextManager[None]:
+        """Own this context for one generation (see :class:`~mtp_bindings.turns.GenerationTurn`:
+        waits for another thread's whole generation, refuses a stream's or this thread's owner with
+        :class:`~mtp_bindings.exceptions.ContextBusyError`)."""
+        return self._turn.claim(stream)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a generation owns this context now (see :meth:`generation_claim`)."""
+        return self._turn.busy
+
+    @contextmanager
+    def generation_round(self) -> Iterator[None]:
+        """One round of the owning generation: the context's lock held, its decodes and KV edits
+        allowed (outside its rounds they raise ContextBusyError while it owns the context)."""
+        with self._lock, self._turn.round():
+            yield
 
     def observe(self, name: str, seconds: float) -> None:
         """Tell the :attr:`observer`, if any, that native call ``name`` took ``seconds``."""
@@ -230,6 +263,7 @@ class Context(NativeHandle):
         Longer inputs than ``n_batch`` are split; outputs are then those of the last chunk.
         Returns the number of output rows (index them 0..n-1 in :meth:`get_logits`)."""
         with self._lock:
+            self._turn.check()
             toks = self.model.check_tokens(tokens)
             n = int(toks.size)
             if n == 0:

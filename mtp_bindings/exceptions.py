@@ -11,6 +11,10 @@ class InvalidParameterError(MTPBindingsError, ValueError):
     """An argument has the wrong type or is out of its documented range."""
 
 
+class TextOnlyError(InvalidParameterError):
+    """A message has a content part this model cannot read (an image, audio): it takes text only."""
+
+
 class CPUVariantError(InvalidParameterError):
     """``MTP_BINDINGS_CPU_VARIANT`` names a CPU variant this build does not have (a native build has
     none, a wheel has one per x86-64 level) or one this CPU cannot run."""
@@ -24,9 +28,26 @@ class ModelFileNotFoundError(ModelLoadError, FileNotFoundError):
     """The model path does not exist or is not a file."""
 
 
+class NotATargetModelError(ModelLoadError):
+    """The file is an MTP assistant (drafter), which cannot generate on its own: load the target
+    model and pass this file as its ``assistant``."""
+
+
 class RPCServerError(ModelLoadError, ConnectionError):
     """An RPC server (``rpc_servers``, the command line's ``--rpc``) could not be reached in time,
     did not answer as a ggml ``rpc-server`` of this build's protocol, or offers no device."""
+
+
+class HubError(ModelLoadError):
+    """A model file could not be had from the Hugging Face hub (``Model.from_pretrained``, ``-hf``)."""
+
+
+class HubFileNotFoundError(HubError, ModelFileNotFoundError):
+    """The hub has no such repository, revision or file (or none matching the name, glob or quant given)."""
+
+
+class HubNotInstalledError(HubError, ImportError):
+    """Downloading from the hub needs ``huggingface_hub``: ``pip install 'mtp-bindings[hub]'``."""
 
 
 class AssistantLoadError(ModelLoadError):
@@ -43,6 +64,11 @@ class AssistantFileNotFoundError(AssistantLoadError, ModelFileNotFoundError):
 
 class ContextError(MTPBindingsError):
     """A context could not be created (bad parameters, out of memory) or was used after close."""
+
+
+class ContextBusyError(ContextError):
+    """A generation was asked of a context that another generation owns (a stream not yet read to
+    its end or closed, on this thread or another): refused at once, never waited for."""
 
 
 class TokenizeError(MTPBindingsError, ValueError):

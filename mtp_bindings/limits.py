@@ -1,7 +1,12 @@
 """Default lengths, in one place (pure Python: the command line reads them before loading anything).
 
 * ``DEFAULT_N_CTX``: the context a generation gets when none is given (``Model.generate``, the
-  command line's ``-c``), capped at the model's training context.
+  command line's ``-c``), capped at the model's training context. Why 4096, between
+  llama-cpp-python's 512 and llama-server's whole training context (128K tokens for Gemma 4): a
+  context's KV cache is allocated in full when it is made, and ``generate`` may hold a few (one per
+  overlapping generation, two idle), so the default fits ordinary prompts and replies without
+  taking gigabytes; more is one setting away: ``Model(path, n_ctx=8192)`` (``n_ctx=0``: the
+  training context), ``-c`` on the command line. The overflow error says so.
 * ``CLI_N_PREDICT``: tokens ``mtp-bindings generate`` / ``chat`` write unless ``-n`` says otherwise.
 * ``SERVER_N_PREDICT``: tokens a server request generates when it sets no ``max_tokens``
   (llama-server's ``-n``): one forgotten limit must not hold a slot for many minutes.

@@ -12,7 +12,9 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -20,103 +22,31 @@ import numpy as np
 
 from . import _native
 from ._handle import NativeHandle
+from ._model_file import (GGUF_MAGIC, ProgressCallback, _c_string, _tqdm_progress, check_gguf_file,  # noqa: F401
+                          negative_needs, read_grown, snprintf_needs)
 from ._native import ffi, lib
 from .context import Context
 from .devices import add_rpc_servers, parse_rpc_servers, placement_array
 from .exceptions import (
-    AssistantFileNotFoundError,
-    AssistantLoadError,
     ContextError,
     InvalidParameterError,
-    ModelFileNotFoundError,
     ModelLoadError,
+    NotATargetModelError,
     TokenizeError,
 )
-from .limits import default_n_ctx
+from .limits import DEFAULT_N_CTX, default_n_ctx
 from .params import ContextParams
 
 logger = logging.getLogger("mtp_bindings")
 
-ProgressCallback = Callable[[float], "bool | None"]
-
-GGUF_MAGIC = b"GGUF"
-
-
-@ffi.def_extern()
-def _mtp_progress_callback(progress: float, user_data) -> bool:  # noqa: ANN001 (cffi types)
-    callback = ffi.from_handle(user_data)
-    try:
-        keep_going = callback(float(progress))
-    except Exception:  # an exception must not cross into C: it aborts the load instead
-        return False
-    return keep_going is not False
-
-
-def check_gguf_file(path: str | os.PathLike[str], what: str = "model") -> Path:
-    """Raise a typed error unless ``path`` is a readable file that starts like a GGUF: for an
-    ``assistant`` :class:`AssistantFileNotFoundError` / :class:`AssistantLoadError`, else
-    :class:`ModelFileNotFoundError` / :class:`ModelLoadError`; the message names ``what``."""
-    not_found, bad = (AssistantFileNotFoundError, AssistantLoadError) if what == "assistant" else \
-        (ModelFileNotFoundError, ModelLoadError)
-    p = Path(path)
-    if not p.exists():
-        raise not_found(f"{what} file not found: {p}")
-    if not p.is_file():
-        raise not_found(f"{what} path is not a file: {p}")
-    try:
-        with p.open("rb") as f:
-            head = f.read(8)
-    except OSError as e:
-        raise bad(f"cannot read {what} file {p}: {e}") from e
-    if len(head) < 8 or head[:4] != GGUF_MAGIC:
-        raise bad(f"{what} file {p} is not a GGUF file (starts with {head[:4]!r}, expected {GGUF_MAGIC!r})")
-    return p
-
-
-def read_grown(ctype: str, size: int, fill: Callable[[Any, int], int],
-               more: Callable[[int, int], int | None]) -> tuple[Any, int]:
-    """Call ``fill(buf, size)`` with a fresh ``ctype`` buffer of ``size`` until it fits: ``more(n,
-    size)`` says from fill's result ``n`` how large a retry must be (None: it fit). Returns the
-    buffer and ``n``. llama.cpp's getters say "too small" in two ways; see :func:`negative_needs`
-    and :func:`snprintf_needs`."""
-    while True:
-        buf = ffi.new(ctype, size)
-        n = fill(buf, size)
-        need = more(n, size)
-        if need is None:
-            return buf, n
-        size = need
-
-
-def negative_needs(n: int, size: int) -> int | None:
-    """llama.cpp's tokenizer convention: ``-needed`` when the buffer is too small."""
-    return -n if n < 0 else None
-
-
-def snprintf_needs(n: int, size: int) -> int | None:
-    """snprintf's convention: the full length (without the NUL), truncated when ``>= size``."""
-    return n + 1 if n >= size else None
-
-
-def _c_string(fill: Callable[[Any, int], int]) -> str:
-    """The text an snprintf-style getter ``fill(buf, size)`` writes (invalid UTF-8 replaced)."""
-    buf, _ = read_grown("char[]", 256, fill, snprintf_needs)
-    return ffi.string(buf).decode("utf-8", errors="replace")
-
-
-def _tqdm_progress(desc: str) -> ProgressCallback:
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=100, desc=desc, unit="%", leave=False)
-
-    def update(progress: float) -> bool:
-        bar.n = int(progress * 100)
-        bar.refresh()
-        if progress >= 1.0:
-            bar.close()
-        return True
-
-    return update
+# ContextParams' fields: the context settings a model takes (llama-cpp-python's ``Llama(n_ctx=...)``)
+CONTEXT_SETTINGS = frozenset(f.name for f in fields(ContextParams))
+# idle generation contexts a model keeps for the next generate/chat (more are made while generations
+# overlap and closed when they end): one keeps the prompt cache warm, a second serves two threads
+# taking turns without a new context each time
+GENERATION_POOL_IDLE = 2
+# architectures of MTP assistant (drafter) files, both layouts (see gguf_tools): not models of their own
+ASSISTANT_ARCHS = ("gemma4-assistant", "gemma4_assistant")
 
 
 class LlamaModel(NativeHandle):
@@ -138,6 +68,13 @@ class LlamaModel(NativeHandle):
         progress: a callable ``f(fraction) -> bool | None`` (return False to abort), or True
             for a progress bar.
         verbose: forward llama.cpp's log lines to the ``mtp_bindings.native`` logger.
+        **context: :class:`~mtp_bindings.params.ContextParams` fields (``n_ctx``, ``n_threads``,
+            ``n_threads_batch``, ``n_batch``, ``n_ubatch``, ``type_k``, ``type_v``, ``flash_attn``, ...), as
+            llama-cpp-python's ``Llama(...)`` takes them: the defaults of every context made on this model
+            (:meth:`create_context`'s own arguments win), those ``generate`` / ``chat`` make included.
+            ``n_ctx=0`` is the model's training context (llama.cpp's meaning). Without ``n_ctx`` a
+            generation context holds :data:`~mtp_bindings.limits.DEFAULT_N_CTX` tokens (or the training
+            context if shorter): its KV cache is allocated in full when it is made.
     """
 
     closed_error = ModelLoadError
@@ -157,10 +94,16 @@ class LlamaModel(NativeHandle):
         repack: bool = True,
         progress: ProgressCallback | bool | None = None,
         verbose: bool = False,
+        **context: Any,
     ) -> None:
         self._ptr = ffi.NULL
         self._lock = threading.Lock()
         self._contexts: weakref.WeakSet[Context] = weakref.WeakSet()
+        self._idle: list[Context] = []  # the generation pool's idle contexts (see generation_context)
+        # guards _idle only; re-entrant: a stream collected by the GC hands its context back from
+        # whatever code this thread runs then, even code holding this lock
+        self._pool_lock = threading.RLock()
+        self.context_settings = self._check_context_settings(context)
         self.path = check_gguf_file(path)
         if not isinstance(n_gpu_layers, int) or isinstance(n_gpu_layers, bool):
             raise InvalidParameterError(f"n_gpu_layers must be an int, got {n_gpu_layers!r}")
@@ -198,12 +141,34 @@ class LlamaModel(NativeHandle):
             _native.raise_native(ModelLoadError, f"failed to load model {self.path}",
                                  fallback="llama.cpp could not load it")
         self._ptr = ptr
+        if self.arch in ASSISTANT_ARCHS:
+            self.close()
+            raise NotATargetModelError(
+                f"{self.path.name} is an MTP assistant ({ASSISTANT_ARCHS[0]}), a drafter that cannot generate on "
+                f"its own: load the target model and attach this file, Model(target, assistant={str(self.path)!r})")
         self._vocab_ptr = lib.llama_model_get_vocab(ptr)
         self.vocab_only = vocab_only
         self._n_vocab = int(lib.llama_vocab_n_tokens(self._vocab_ptr))
         self._piece_cache: dict[int, bytes] = {}
+        if self.context_settings.get("n_ctx") == 0:  # llama.cpp's "the context the model was trained with"
+            self.context_settings["n_ctx"] = self.n_ctx_train or DEFAULT_N_CTX
         if logger.isEnabledFor(logging.INFO):
             logger.info("loaded %s: %s", self.path, self.summary())
+
+    def _check_context_settings(self, given: dict[str, Any]) -> dict[str, Any]:
+        """The context settings given to the constructor, checked before anything loads: a name that
+        is no setting is a TypeError naming this class (as for any keyword it does not take), a bad
+        value an :class:`InvalidParameterError`."""
+        unknown = sorted(set(given) - CONTEXT_SETTINGS)
+        if unknown:
+            raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument {unknown[0]!r} (context "
+                            f"settings: {', '.join(sorted(CONTEXT_SETTINGS))})")
+        settings = dict(given)
+        if settings.get("n_ctx") == 0 and not isinstance(settings["n_ctx"], bool):
+            ContextParams(**{**settings, "n_ctx": 1}).validate()
+        else:
+            ContextParams(**settings).validate()
+        return settings
 
     def summary(self) -> str:
         """One line about the loaded weights (for the verbose log)."""
@@ -223,6 +188,8 @@ class LlamaModel(NativeHandle):
 
     def _free(self) -> None:
         """Close every context still open on the model, then free it."""
+        with self._pool_lock:
+            self._idle = []
         for ctx in list(self._contexts):
             ctx.close()
         lib.llama_model_free(self._ptr)
@@ -381,9 +348,11 @@ class LlamaModel(NativeHandle):
 
     def create_context(self, params: ContextParams | None = None, **kwargs: Any) -> Context:
         """A new context on this model (a :attr:`context_type`; keyword arguments are
-        :class:`~mtp_bindings.params.ContextParams` fields)."""
+        :class:`~mtp_bindings.params.ContextParams` fields, over the model's :attr:`context_settings`)."""
         if self.vocab_only:
             raise ContextError("a vocab_only model cannot have contexts")
+        if params is None:
+            kwargs = {**self.context_settings, **kwargs}
         ctx = self.context_type(self, params, **kwargs)
         self._contexts.add(ctx)
         self._check_trained_context(ctx.n_ctx)
@@ -398,17 +367,39 @@ class LlamaModel(NativeHandle):
             logger.warning("context size %d is beyond %s's training context (%d tokens): output past %d tokens "
                            "may degrade", n_ctx, self.path.name, n_train, n_train)
 
-    def generation_context(self, n_ctx: int | None = None) -> Context:
-        """The context ``generate`` uses when given none (created on first use, then reused;
-        recreated when closed or shorter than ``n_ctx``)."""
-        want = n_ctx or default_n_ctx(self.n_ctx_train)
-        ctx = getattr(self, "_gen_ctx", None)
-        if ctx is None or ctx.closed or ctx.n_ctx < want:
-            if ctx is not None:
+    @property
+    def generation_n_ctx(self) -> int:
+        """The tokens a context that ``generate`` / ``chat`` make holds: the model's ``n_ctx`` setting,
+        else :data:`~mtp_bindings.limits.DEFAULT_N_CTX` capped at the training context."""
+        return self.context_settings.get("n_ctx") or default_n_ctx(self.n_ctx_train)
+
+    @contextmanager
+    def generation_context(self) -> Iterator[Context]:
+        """A context of the model's pool, owned for one generation (``generate`` without a
+        ``context``): an idle one (the most recently used first: its prompt cache is the warmest),
+        else a fresh one -- so overlapping generations (two streams, or two threads) each get their
+        own and never wait on each other. Back in the pool after, up to :data:`GENERATION_POOL_IDLE`
+        idle ones; more are closed."""
+        self.ptr  # noqa: B018 (a closed model raises)
+        ctx = None
+        with self._pool_lock:
+            while self._idle and ctx is None:
+                candidate = self._idle.pop()
+                ctx = None if candidate.closed or candidate.busy else candidate
+        if ctx is None:
+            ctx = self.create_context(**{"n_ctx": self.generation_n_ctx, **self.context_settings,
+                                         "embeddings": self.has_assistant or
+                                         bool(self.context_settings.get("embeddings"))})
+        try:
+            with ctx.generation_claim():  # fresh or idle: free (never waits)
+                yield ctx
+        finally:
+            with self._pool_lock:
+                keep = not ctx.closed and not self.closed and len(self._idle) < GENERATION_POOL_IDLE
+                if keep:
+                    self._idle.append(ctx)
+            if not keep:
                 ctx.close()
-            ctx = self.create_context(n_ctx=want, embeddings=self.has_assistant)
-            self._gen_ctx = ctx
-        return ctx
 
     @property
     def has_assistant(self) -> bool:

@@ -4,8 +4,8 @@ Pure Python (no native import): the command line and the server build their flag
 schemas from these dataclasses (``dataclasses.fields(...)``; each field's ``metadata`` holds its
 bounds and help text), and the fast test tier imports it without the compiled extension.
 
-* :class:`SamplingParams` -- the sampler chain (llama.cpp's names and defaults, except
-  ``temperature``, which defaults to greedy).
+* :class:`SamplingParams` -- the sampler chain, with llama.cpp's names and llama-server's defaults:
+  the one set of defaults of every front end (Python, the command line, the server).
 * :class:`DraftParams` -- the speculative loop: tokens drafted per round, depth-2 overlap,
   the skip-streak threshold, the prompt cache.
 * :class:`ContextParams` -- a llama.cpp context, including the flash-attention rule.
@@ -13,7 +13,7 @@ bounds and help text), and the fast test tier imports it without the compiled ex
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .exceptions import InvalidParameterError
@@ -44,6 +44,15 @@ KV_TYPES = {
 UNQUANTIZED_KV = ("f32", "f16", "bf16")
 FLASH_ATTN = {"auto": "LLAMA_FLASH_ATTN_TYPE_AUTO", "on": "LLAMA_FLASH_ATTN_TYPE_ENABLED",
               "off": "LLAMA_FLASH_ATTN_TYPE_DISABLED"}
+# How an embedding context pools a sequence's token vectors (llama-server's --pooling; "none": one per token).
+POOLING_TYPES = {"none": "LLAMA_POOLING_TYPE_NONE", "mean": "LLAMA_POOLING_TYPE_MEAN",
+                 "cls": "LLAMA_POOLING_TYPE_CLS", "last": "LLAMA_POOLING_TYPE_LAST"}
+EMBED_POOLING = "mean"  # Model.embed's default (llama-server takes the model's, "none" for a generative one)
+# llama-server's embd_normalize default: 2 = L2 (-1 none, 0 max-abs to int16, 1 taxicab, p > 2 a p-norm)
+EMBD_NORMALIZE = 2
+# The most tokens one embedded input may have: a pooled embedding must be one physical batch, so the embedding
+# context's n_ctx = n_batch = n_ubatch = this (llama-server's default n_ubatch, and its bound on an input too)
+EMBED_N_CTX = 512
 
 
 def _bounds(lo: float | None = None, hi: float | None = None, help: str = "") -> dict[str, Any]:  # noqa: A002
@@ -89,19 +98,37 @@ def _int(lo: int | None, hi: int | None, help: str) -> dict[str, Any]:  # noqa: 
 # sampling
 # ------------------------------------------------------------------------------------------------
 
+# The defaults of every front end (Model.generate / chat, the command line, the server), in this one
+# place: llama-server's (``common_params_sampling`` in vendor/llama.cpp/common/common.h at the pin:
+# temp 0.80, top_k 40, top_p 0.95, min_p 0.05, penalty_last_n 64 with penalty_repeat 1.0 / freq 0 /
+# present 0, i.e. penalties off), which llama-cpp-python shares -- so that a prompt moved here from
+# either samples the same way. Greedy decoding is ``temperature=0``. Where llama.cpp reads -1 or 0 as
+# "off" / "all" / "random", so does this (the bounds below say which).
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_TOP_K = 40
+DEFAULT_TOP_P = 0.95
+DEFAULT_MIN_P = 0.05
+DEFAULT_REPEAT_LAST_N = 64
+WHOLE_CONTEXT = -1  # repeat_last_n = -1: the penalties look back over the whole context (llama.cpp's)
+RANDOM_SEED = -1  # seed = -1: a fresh random seed, as None (llama.cpp's LLAMA_DEFAULT_SEED)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampler settings (llama.cpp names and defaults, except ``temperature`` defaults to greedy)."""
+    """Sampler settings (llama.cpp's names; llama-server's defaults, see ``DEFAULT_TEMPERATURE``)."""
 
-    temperature: float = field(default=0.0, metadata=_bounds(0.0, 100.0, "temperature (0: greedy)"))
-    top_k: int = field(default=40, metadata=_int(0, None, "keep the k most likely tokens (0: all)"))
-    top_p: float = field(default=1.0, metadata=_bounds(0.0, 1.0, "nucleus sampling mass (1: off)"))
-    min_p: float = field(default=0.0, metadata=_bounds(0.0, 1.0, "drop tokens below min_p x the top one"))
-    repeat_penalty: float = field(default=1.0, metadata=_bounds(0.0, 100.0, "penalty of repeated tokens"))
-    repeat_last_n: int = field(default=64, metadata=_int(0, None, "tokens the penalties look back over"))
-    presence_penalty: float = field(default=0.0, metadata=_bounds(-100.0, 100.0, "presence penalty"))
-    frequency_penalty: float = field(default=0.0, metadata=_bounds(-100.0, 100.0, "frequency penalty"))
-    seed: int | None = field(default=None, metadata=_int(0, None, "random seed (None: fresh)"))
+    temperature: float = field(default=DEFAULT_TEMPERATURE, metadata=_bounds(0.0, 100.0, "temperature (0: greedy)"))
+    top_k: int = field(default=DEFAULT_TOP_K, metadata=_int(-1, None, "keep the k most likely tokens (0 or -1: all)"))
+    top_p: float = field(default=DEFAULT_TOP_P, metadata=_bounds(0.0, 1.0, "nucleus sampling mass (1: off)"))
+    min_p: float = field(default=DEFAULT_MIN_P, metadata=_bounds(0.0, 1.0, "drop tokens below min_p x the top one "
+                                                                          "(0: off)"))
+    repeat_penalty: float = field(default=1.0, metadata=_bounds(0.0, 100.0, "penalty of repeated tokens (1: off)"))
+    repeat_last_n: int = field(default=DEFAULT_REPEAT_LAST_N,
+                               metadata=_int(WHOLE_CONTEXT, None, "tokens the penalties look back over (0: none, "
+                                                                  "-1: the whole context)"))
+    presence_penalty: float = field(default=0.0, metadata=_bounds(-100.0, 100.0, "presence penalty (0: off)"))
+    frequency_penalty: float = field(default=0.0, metadata=_bounds(-100.0, 100.0, "frequency penalty (0: off)"))
+    seed: int | None = field(default=None, metadata=_int(RANDOM_SEED, None, "random seed (None or -1: fresh)"))
     logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
@@ -119,10 +146,17 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    def resolved(self, n_ctx: int) -> SamplingParams:
+        """These settings with llama.cpp's special values spelled out for a context of ``n_ctx``
+        tokens: ``seed`` -1 -> None (fresh), ``repeat_last_n`` -1 -> ``n_ctx``, ``top_k`` -1 -> 0 (all)."""
+        return replace(self, seed=None if self.seed == RANDOM_SEED else self.seed,
+                       repeat_last_n=n_ctx if self.repeat_last_n == WHOLE_CONTEXT else self.repeat_last_n,
+                       top_k=max(self.top_k, 0))
+
     @property
     def has_penalties(self) -> bool:
         return (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0) \
-            and self.repeat_last_n > 0
+            and self.repeat_last_n != 0
 
 
 SAMPLING_DEFAULTS = SamplingParams()
@@ -197,6 +231,7 @@ class ContextParams:
     type_v: str = "f16"
     flash_attn: str = "auto"
     offload_kqv: bool = True
+    pooling: str | None = None  # a POOLING_TYPES key for an embedding context; None: the model's own
     # compute with the part of the thread budget other work leaves free (see Context.adapt_threads);
     # None: adapt exactly when n_threads is not given
     adapt_threads: bool | None = None
@@ -227,6 +262,8 @@ class ContextParams:
             v = getattr(self, name)
             if v not in KV_TYPES:
                 raise InvalidParameterError(f"{name} must be one of {sorted(KV_TYPES)}, got {v!r}")
+        if self.pooling is not None and self.pooling not in POOLING_TYPES:
+            raise InvalidParameterError(f"pooling must be one of {sorted(POOLING_TYPES)} or None, got {self.pooling!r}")
         if self.flash_attn not in FLASH_ATTN:
             raise InvalidParameterError(f"flash_attn must be one of {sorted(FLASH_ATTN)}, got {self.flash_attn!r}")
         if self.type_v not in UNQUANTIZED_KV and self.flash_attn == "off":

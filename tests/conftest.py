@@ -29,7 +29,8 @@ TIERS: dict[str, tuple[str, ...]] = {
     "generation": ("test_generate.py", "test_speculative.py", "test_logprobs.py", "test_hf_reference.py",
                    "test_upstream_parity.py", "test_soak.py", "test_scale_pair.py", "test_structured_output.py",
                    "test_auto_draft.py", "test_loop_rule.py"),
-    "tools": ("test_cli.py", "test_front_door.py", "test_examples.py", "test_bench_smoke.py", "test_build.py",
+    "tools": ("test_cli.py", "test_cli_compat.py", "test_cli_chat.py",
+              "test_front_door.py", "test_examples.py", "test_bench_smoke.py", "test_build.py",
               "test_placement_flags.py", "test_sdist.py"),
     # the portable wheel in its own venv: needs a wheel in dist/ (`make wheel`), not this checkout's build
     "wheel": ("test_wheel.py",),

@@ -20,15 +20,15 @@ def model(trained_paths):
 
 
 def test_the_default_is_auto_and_its_greedy_output_is_plain_decodings(model):
-    plain = model.generate(PROMPT, max_tokens=96, draft_n_max=0, ignore_eos=True)
-    auto = model.generate(PROMPT, max_tokens=96, ignore_eos=True)
+    plain = model.generate(PROMPT, max_tokens=96, draft_n_max=0, ignore_eos=True, temperature=0)
+    auto = model.generate(PROMPT, max_tokens=96, ignore_eos=True, temperature=0)
     assert auto.tokens == plain.tokens
     policy = auto.stats.draft_policy
     assert policy is not None and policy["policy"] == "auto" and policy["k_max"] == resolve_preset(None).draft_n_max
 
 
 def test_its_stats_say_how_many_rounds_drafted_how_many_tokens(model):
-    s = model.generate(PROMPT, max_tokens=64, ignore_eos=True).stats
+    s = model.generate(PROMPT, max_tokens=64, ignore_eos=True, temperature=0).stats
     assert sum(s.rounds_per_k) == s.n_rounds
     assert sum(k * n for k, n in enumerate(s.rounds_per_k)) == s.n_drafted
     assert len(s.rounds_per_k) <= resolve_preset(None).draft_n_max + 1
@@ -38,27 +38,35 @@ def test_its_stats_say_how_many_rounds_drafted_how_many_tokens(model):
 
 
 def test_an_explicit_draft_count_is_fixed(model):
-    s = model.generate(PROMPT, max_tokens=40, draft_n_max=2, ignore_eos=True).stats
+    s = model.generate(PROMPT, max_tokens=40, draft_n_max=2, ignore_eos=True, temperature=0).stats
     assert s.draft_policy is None
     assert set(k for k, n in enumerate(s.rounds_per_k) if n) <= {1, 2}  # the last round may be cut to fit
 
 
 def test_preset_auto_with_a_draft_count_takes_it_as_its_ceiling(model):
-    s = model.generate(PROMPT, max_tokens=64, preset="auto", draft_n_max=2, ignore_eos=True).stats
+    s = model.generate(PROMPT, max_tokens=64, preset="auto", draft_n_max=2, ignore_eos=True, temperature=0).stats
     assert s.draft_policy is not None and s.draft_policy["k_max"] == 2
     assert len(s.rounds_per_k) <= 3
 
 
 def test_sampled_auto_counts_every_token_it_generates(model):
-    r = model.generate(PROMPT, max_tokens=48, temperature=1.5, top_k=0, seed=3, ignore_eos=True)
+    r = model.generate(PROMPT, max_tokens=48, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=3, ignore_eos=True)
     assert len(r.tokens) == 48 == r.stats.n_generated
     assert sum(r.stats.rounds_per_k) == r.stats.n_rounds
 
 
 def test_auto_at_a_high_temperature_is_no_collapse_against_plain(model):
     """Generous: drafting that cannot pay must not make generation much slower than not drafting."""
-    kw = dict(max_tokens=128, temperature=1.5, top_k=0, ignore_eos=True)
+    kw = dict(max_tokens=128, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, ignore_eos=True)
     model.generate(PROMPT, seed=1, **kw)  # let auto measure this context first, as a second request would
     plain = min(model.generate(PROMPT, draft_n_max=0, seed=i, **kw).stats.t_generate for i in range(3))
     auto = min(model.generate(PROMPT, seed=i, **kw).stats.t_generate for i in range(3))
     assert auto <= 2.0 * plain
+
+
+def test_a_context_whose_batch_is_smaller_than_a_verify_batch_drafts_what_fits(model):
+    with model.create_context(n_ctx=512, n_batch=4, n_ubatch=4) as ctx:  # auto's ceiling alone would verify 7 rows
+        plain = model.generate(PROMPT, context=ctx, max_tokens=64, draft_n_max=0, ignore_eos=True, temperature=0)
+        auto = model.generate(PROMPT, context=ctx, max_tokens=64, ignore_eos=True, temperature=0)
+    assert auto.tokens == plain.tokens
+    assert len(auto.stats.rounds_per_k) <= 4

@@ -61,8 +61,8 @@ def test_generate_json_prints_text_tokens_and_stats():
 
 
 def test_generate_with_and_without_mtp_prints_the_same_greedy_text():
-    a = json.loads(run("generate", "-p", "import os\n", "-n", "32", "--json").stdout)
-    b = json.loads(run("generate", "-p", "import os\n", "-n", "32", "--json", "--no-mtp").stdout)
+    a = json.loads(run("generate", "-p", "import os\n", "-n", "32", "--temp", "0", "--json").stdout)
+    b = json.loads(run("generate", "-p", "import os\n", "-n", "32", "--temp", "0", "--json", "--no-mtp").stdout)
     assert a["tokens"] == b["tokens"] and b["stats"]["n_drafted"] == 0
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from mtp_bindings.generation.controller import (PROBE_MAX, Acceptance, AutoCount, CostModel, FixedCount, RoundCost,
+from mtp_bindings.generation.controller import (ACCEPT_PRIOR, PROBE_MAX, Acceptance, AutoCount, CostModel, FixedCount, RoundCost,
                                                 make_draft_count)
 from mtp_bindings.presets import PRESETS
 
@@ -148,6 +148,35 @@ def test_a_second_request_on_the_context_starts_from_what_the_first_measured():
     second = AutoCount(costs, K_MAX)
     assert second.acceptance.rates()[0] > 0.8
     assert second.choose() == first.machine.best()
+
+
+def test_requests_with_other_sampler_settings_start_from_their_own_pool():
+    costs = CostModel()
+    greedy = Simulation(Machine(flat_verify, draft_step=0.004, accept=0.9), costs=costs)
+    greedy.policy.pool_key = "greedy"
+    greedy.run(200)
+    greedy.policy.finish()
+    hot = AutoCount(costs, K_MAX, pool_key="temperature 1.5")
+    assert hot.acceptance.rates()[0] == pytest.approx(ACCEPT_PRIOR)  # not the 0.9 measured greedy
+    assert AutoCount(costs, K_MAX, pool_key="greedy").acceptance.rates()[0] > 0.8
+
+
+def test_a_choice_of_plain_decoding_is_not_computed_again_between_probes():
+    sim = Simulation(Machine(steep_verify, draft_step=0.006, accept=0.0))
+    sim.run(300)
+    assert sim.policy.best == 0
+    computed = 0
+    inner = sim.policy.costs_and_rates
+
+    def counting() -> tuple[list[float], list[float]]:
+        nonlocal computed
+        computed += 1
+        return inner()
+
+    sim.policy.costs_and_rates = counting  # type: ignore[method-assign]
+    sim.run(PROBE_MAX * 4)
+    probes = sum(1 for k in sim.chosen[-PROBE_MAX * 4:] if k)
+    assert computed <= 2 * (probes + 1) + 4  # once when a probe is due, once after its drafted round
 
 
 def test_expected_tokens_multiply_the_acceptance_of_each_position():

@@ -57,7 +57,8 @@ def test_a_users_model_alone_decodes_plainly_and_says_so_once(tmp_path):
 
 
 def test_an_assistant_beside_the_model_is_found_by_its_name():
-    out = run("generate", "-m", str(fixture_path("dense-target.gguf")), "-p", "def f(x):\n", "-n", "12", "--json")
+    out = run("generate", "-m", str(fixture_path("dense-target.gguf")), "-p", "def f(x):\n", "-n", "12", "--temp", "0",
+              "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["stats"]["n_drafted"] > 0
     assert "dense-assistant.gguf" in out.stderr
@@ -199,7 +200,7 @@ def test_a_long_prompt_shows_its_progress(tmp_path):
 # --- items 6-7: llama.cpp's flags and conventions ---------------------------------------------------
 
 @pytest.mark.parametrize("flags, needle", [
-    (["-hf", "google/gemma"], "not supported: -hf (use -m FILE"),
+    (["-mu", "https://example.org/m.gguf"], "not supported: -mu (use -m FILE"),
     (["--mirostat", "2"], "not supported: --mirostat (use --temp"),
     (["-cnv"], "not supported: -cnv (use mtp-bindings chat)"),
     (["--te", "0.5"], "unrecognized arguments: --te 0.5"),  # no abbreviations
@@ -233,8 +234,19 @@ def test_every_unsupported_flag_is_refused_by_every_command_that_lacks_it():
                 with redirect_stderr(err), pytest.raises(SystemExit) as e:
                     parser.parse_args([command, flag, "1"])
                 assert e.value.code == 2 and f"not supported: {flag} (use " in err.getvalue(), (command, flag)
-    assert sorted(supported) == [("chat", "--system-prompt"), ("chat", "-sys"), ("generate", "--file"),
-                                 ("generate", "-f"), ("serve", "--chat-template"), ("serve", "--chat-template-file")]
+    # the llama.cpp flags a command has itself (issue 26: --jinja, --chat-template, grammars, batches,
+    # embeddings and slot state)
+    constraint = ("--grammar", "--grammar-file", "-j", "--json-schema", "-jf", "--json-schema-file")
+    template = ("--chat-template", "--chat-template-file")
+    batch = ("-b", "--batch-size", "-ub", "--ubatch-size")
+    embed = ("--embd-normalize", "--embedding", "--embeddings", "--pooling", "--slot-save-path")
+    assert sorted(supported) == sorted(
+        [("chat", "--system-prompt"), ("chat", "-sys"), ("chat", "-st"), ("chat", "--single-turn"),
+         ("generate", "--file"), ("generate", "-f")]
+        + [(c, "--jinja") for c in ("generate", "chat", "serve")]
+        + [(c, f) for c in ("chat", "serve") for f in template]
+        + [(c, f) for c in ("generate", "chat") for f in constraint + batch]
+        + [("serve", f) for f in embed])
 
 
 def test_flag_defaults_are_the_librarys():
@@ -259,8 +271,8 @@ def test_ngl_seed_minus_one_and_no_mmap_are_accepted():
 
 def test_f_reads_the_prompt_from_a_file(tmp_path):
     (tmp_path / "p.txt").write_text("import os\n")
-    a = json.loads(run("generate", "-f", str(tmp_path / "p.txt"), "-n", "8", "--json").stdout)
-    b = json.loads(run("generate", "-p", "import os\n", "-n", "8", "--json").stdout)
+    a = json.loads(run("generate", "-f", str(tmp_path / "p.txt"), "-n", "8", "--temp", "0", "--json").stdout)
+    b = json.loads(run("generate", "-p", "import os\n", "-n", "8", "--temp", "0", "--json").stdout)
     assert a["tokens"] == b["tokens"]
     one_error(run("generate", "-f", str(tmp_path / "missing.txt")), "cannot read the prompt file (-f ")
 
@@ -361,7 +373,7 @@ def test_generate_with_a_prompt_of_the_wrong_type_is_an_invalid_parameter_error(
 
     for prompt in (123, 1.5, None, {"a": 1}):
         with pytest.raises(InvalidParameterError, match="prompt must be a str or a sequence of token ids"):
-            dense_model.generate(prompt, max_tokens=2)
+            dense_model.generate(prompt, max_tokens=2, temperature=0)
 
 
 def test_demo_with_a_missing_model_prints_only_the_error(tmp_path):

@@ -16,7 +16,7 @@ def test_greedy_generate_equals_plain_greedy_decoding(dense_model):
     toks = dense_model.tokenize(PROMPT)
     with dense_model.create_context(n_ctx=256) as ctx:
         want = ctx.generate_greedy(toks, 40)
-        got = dense_model.generate(toks, max_tokens=40, draft_n_max=0, context=ctx)
+        got = dense_model.generate(toks, max_tokens=40, draft_n_max=0, context=ctx, temperature=0)
     # exact: the same decodes, the prompt batch aside (measured bit for bit with this f16 KV cache on every
     # variant, tests/numerics.py "prompt_batch")
     assert isinstance(got, GenerationResult)
@@ -25,24 +25,24 @@ def test_greedy_generate_equals_plain_greedy_decoding(dense_model):
 
 
 def test_result_text_is_the_detokenized_tokens(dense_model):
-    r = dense_model.generate(PROMPT, max_tokens=30, draft_n_max=0)
+    r = dense_model.generate(PROMPT, max_tokens=30, draft_n_max=0, temperature=0)
     assert r.text == dense_model.detokenize(r.tokens)
 
 
 def test_max_tokens_limits_the_output(dense_model):
-    r = dense_model.generate(PROMPT, max_tokens=7, draft_n_max=0)
+    r = dense_model.generate(PROMPT, max_tokens=7, draft_n_max=0, temperature=0)
     assert len(r.tokens) == 7 and r.finish_reason == "length"
     assert r.stats.n_generated == 7
 
 
 def test_zero_max_tokens_generates_nothing(dense_model):
-    r = dense_model.generate(PROMPT, max_tokens=0, draft_n_max=0)
+    r = dense_model.generate(PROMPT, max_tokens=0, draft_n_max=0, temperature=0)
     assert r.tokens == [] and r.text == ""
 
 
 def test_stream_pieces_join_to_the_text_and_the_last_carries_stats(dense_model):
-    full = dense_model.generate(PROMPT, max_tokens=30, draft_n_max=0)
-    pieces = list(dense_model.generate(PROMPT, max_tokens=30, draft_n_max=0, stream=True))
+    full = dense_model.generate(PROMPT, max_tokens=30, draft_n_max=0, temperature=0)
+    pieces = list(dense_model.generate(PROMPT, max_tokens=30, draft_n_max=0, stream=True, temperature=0))
     assert all(isinstance(p, TextPiece) for p in pieces)
     assert "".join(pieces) == full.text
     assert [t for p in pieces for t in p.tokens] == full.tokens
@@ -63,10 +63,10 @@ def test_text_pieces_never_split_a_utf8_character(dense_model):
 
 
 def test_stop_string_ends_generation_before_it(dense_model):
-    full = dense_model.generate(PROMPT, max_tokens=40, draft_n_max=0)
+    full = dense_model.generate(PROMPT, max_tokens=40, draft_n_max=0, temperature=0)
     assert len(full.text) > 10
     stop = full.text[5:8]
-    r = dense_model.generate(PROMPT, max_tokens=40, draft_n_max=0, stop=[stop])
+    r = dense_model.generate(PROMPT, max_tokens=40, draft_n_max=0, stop=[stop], temperature=0)
     assert r.finish_reason == "stop"
     assert r.text == full.text[: full.text.index(stop)]
 
@@ -78,20 +78,20 @@ def test_cancel_callback_stops_and_the_context_stays_usable(dense_model):
         calls.append(1)
         return len(calls) >= 3
 
-    r = dense_model.generate(PROMPT, max_tokens=50, draft_n_max=0, cancel=cancel)
+    r = dense_model.generate(PROMPT, max_tokens=50, draft_n_max=0, cancel=cancel, temperature=0)
     assert r.finish_reason == "cancelled" and len(r.tokens) < 50
-    again = dense_model.generate(PROMPT, max_tokens=20, draft_n_max=0)
-    assert again.tokens == dense_model.generate(PROMPT, max_tokens=20, draft_n_max=0).tokens
+    again = dense_model.generate(PROMPT, max_tokens=20, draft_n_max=0, temperature=0)
+    assert again.tokens == dense_model.generate(PROMPT, max_tokens=20, draft_n_max=0, temperature=0).tokens
 
 
 def test_breaking_out_of_a_stream_leaves_the_context_reusable(dense_model):
-    want = dense_model.generate(PROMPT, max_tokens=20, draft_n_max=0).tokens
-    stream = dense_model.generate(PROMPT, max_tokens=50, draft_n_max=0, stream=True)
+    want = dense_model.generate(PROMPT, max_tokens=20, draft_n_max=0, temperature=0).tokens
+    stream = dense_model.generate(PROMPT, max_tokens=50, draft_n_max=0, stream=True, temperature=0)
     for i, _ in enumerate(stream):
         if i == 2:
             break
     stream.close()
-    assert dense_model.generate(PROMPT, max_tokens=20, draft_n_max=0).tokens == want
+    assert dense_model.generate(PROMPT, max_tokens=20, draft_n_max=0, temperature=0).tokens == want
 
 
 def test_seeded_sampling_is_reproducible(dense_model):
@@ -107,12 +107,12 @@ def test_chat_renders_the_gguf_template(dense_model):
 
     text = render_chat(dense_model, [{"role": "user", "content": "hi"}])
     assert "<start_of_turn>user\nhi<end_of_turn>" in text and text.endswith("<start_of_turn>model\n")
-    r = dense_model.chat([{"role": "user", "content": "hi"}], max_tokens=5, draft_n_max=0)
+    r = dense_model.chat([{"role": "user", "content": "hi"}], max_tokens=5, draft_n_max=0, temperature=0)
     assert len(r.tokens) <= 5
 
 
 @pytest.mark.parametrize("kwargs", [
-    {"max_tokens": -1}, {"max_tokens": "ten"}, {"temperature": -0.5}, {"draft_n_max": 99},
+    {"max_tokens": -2}, {"max_tokens": "ten"}, {"temperature": -0.5}, {"draft_n_max": 99},
     {"draft_n_max": -1}, {"preset": "warp"}, {"stop": [3]}, {"skip_streak": 100},
 ])
 def test_invalid_generation_arguments_are_refused(dense_model, kwargs):
@@ -122,9 +122,9 @@ def test_invalid_generation_arguments_are_refused(dense_model, kwargs):
 
 def test_chat_refuses_malformed_messages(dense_model):
     with pytest.raises(InvalidParameterError):
-        dense_model.chat([{"role": "user"}], max_tokens=3)
+        dense_model.chat([{"role": "user"}], max_tokens=3, temperature=0)
     with pytest.raises(InvalidParameterError):
-        dense_model.chat([], max_tokens=3)
+        dense_model.chat([], max_tokens=3, temperature=0)
 
 
 def test_prompt_longer_than_the_context_is_refused(dense_model):
@@ -132,4 +132,4 @@ def test_prompt_longer_than_the_context_is_refused(dense_model):
 
     with dense_model.create_context(n_ctx=64) as ctx:
         with pytest.raises(ContextOverflowError):
-            dense_model.generate(list(np.full(ctx.n_ctx + 5, 7)), max_tokens=3, context=ctx)
+            dense_model.generate(list(np.full(ctx.n_ctx + 5, 7)), max_tokens=3, context=ctx, temperature=0)

@@ -42,7 +42,7 @@ def test_the_observer_hears_every_decode_and_mtp_call(pair):
     with pair.create_context(n_ctx=128, embeddings=True) as ctx:
         heard: list[str] = []
         ctx.observer = lambda name, seconds: heard.append(name) if seconds >= 0 else None
-        pair.generate("def f(x):", max_tokens=8, draft_n_max=2, context=ctx)
+        pair.generate("def f(x):", max_tokens=8, draft_n_max=2, context=ctx, temperature=0)
         assert "llama_decode" in heard
         assert "llama_decode_mtp_async" in heard and "llama_decode_mtp_wait" in heard
 
@@ -61,9 +61,9 @@ def test_the_public_model_makes_mtp_contexts_and_the_lower_one_plain_contexts(pa
 
 
 def test_drafting_works_on_a_plain_context_through_its_session(pair):
-    want = pair.generate("import os\n", max_tokens=12, draft_n_max=2).tokens
+    want = pair.generate("import os\n", max_tokens=12, draft_n_max=2, temperature=0).tokens
     with Context(pair, n_ctx=256, embeddings=True) as ctx:
-        got = pair.generate("import os\n", max_tokens=12, draft_n_max=2, context=ctx)
+        got = pair.generate("import os\n", max_tokens=12, draft_n_max=2, context=ctx, temperature=0)
         assert got.tokens == want and got.stats.n_drafted > 0
         assert current_session(ctx) is not None and current_session(ctx).in_flight is None
 

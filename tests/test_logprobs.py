@@ -94,6 +94,14 @@ def test_streamed_pieces_carry_the_logprobs_of_their_tokens(model: Any) -> None:
     assert [lp for p in pieces for lp in p.logprobs] == whole.logprobs
 
 
+def test_each_logprob_carries_its_tokens_text_and_bytes(model: Any) -> None:
+    result = run(model, logprobs=2)
+    for lp in result.logprobs:
+        assert lp.bytes == model.token_to_piece(lp.token) and lp.text == lp.bytes.decode("utf-8", errors="replace")
+        assert lp.top_bytes == [model.token_to_piece(t) for t, _ in lp.top] and len(lp.top_text) == 2
+    assert b"".join(lp.bytes for lp in result.logprobs).decode("utf-8", errors="replace") == result.text
+
+
 def test_logprobs_zero_gives_the_chosen_tokens_only(model: Any) -> None:
     result = run(model, logprobs=0)
     assert len(result.logprobs) == len(result.tokens) and all(lp.top == [] for lp in result.logprobs)

@@ -137,7 +137,7 @@ def test_closing_the_model_closes_its_contexts(dense_target_path):
 @pytest.mark.parametrize("use", [
     lambda m: m.tokenize("x"), lambda m: m.detokenize([5, 6]), lambda m: m.token_to_piece(5),
     lambda m: m.is_eog(5), lambda m: m.token_bos, lambda m: m.token_eos, lambda m: m.token_eot,
-    lambda m: m.add_bos, lambda m: m.generate("x", max_tokens=2), lambda m: m.n_embd,
+    lambda m: m.add_bos, lambda m: m.generate("x", max_tokens=2, temperature=0), lambda m: m.n_embd,
 ], ids=["tokenize", "detokenize", "token_to_piece", "is_eog", "token_bos", "token_eos", "token_eot", "add_bos",
         "generate", "n_embd"])
 def test_a_closed_model_raises_a_typed_error_instead_of_reading_freed_memory(dense_target_path, use):

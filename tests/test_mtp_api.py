@@ -75,7 +75,7 @@ def test_target_file_as_assistant_is_refused_and_the_target_stays_usable():
         with pytest.raises(AssistantLoadError, match="not a Gemma 4 assistant") as e:
             m.attach_assistant(fixture_path("dense-target.gguf"))
         assert e.value.code == -3 and not m.has_assistant
-        assert len(m.generate("x = 1", max_tokens=5, draft_n_max=0).tokens) == 5
+        assert len(m.generate("x = 1", max_tokens=5, draft_n_max=0, temperature=0).tokens) == 5
 
 
 def test_backbone_width_mismatch_is_refused(trained_paths):
@@ -351,7 +351,7 @@ def test_freeing_a_context_with_a_request_in_flight_is_safe():
             lib.llama_batch_free(ctx._batch)
             lib.llama_free(ptr)  # C drains the worker before tearing down
         # the model is intact
-        assert len(m.generate("x = 1", max_tokens=8, draft_n_max=2).tokens) == 8
+        assert len(m.generate("x = 1", max_tokens=8, draft_n_max=2, temperature=0).tokens) == 8
 
 
 def test_context_close_in_python_drains_the_request():

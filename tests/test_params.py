@@ -31,8 +31,8 @@ def test_every_bounded_field_says_its_bounds_in_its_metadata():
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"temperature": -1}, "temperature must be a number in"),
-    ({"top_k": -1}, "top_k must be a non-negative int"),
-    ({"seed": True}, "seed must be a non-negative int or None"),
+    ({"top_k": -2}, "top_k must be an int >= -1"),
+    ({"seed": True}, "seed must be an int >= -1 or None"),
     ({"top_p": 0.0}, "top_p must be > 0"),
     ({"logit_bias": {-1: 1.0}}, "logit_bias"),
 ])
@@ -60,3 +60,16 @@ def test_the_version_is_defined_once_in_the_package():
     meta = project["tool"]["scikit-build"]["metadata"]["version"]
     source = (ROOT / meta["input"]).read_text()
     assert re.search(r'^__version__ = "\d+\.\d+\.\d+"$', source, re.M)
+
+
+def test_the_sampling_defaults_are_llama_servers():
+    """One set of defaults for every front end: llama-server's common_params_sampling at the pin."""
+    d = SamplingParams()
+    assert (d.temperature, d.top_k, d.top_p, d.min_p) == (0.8, 40, 0.95, 0.05)
+    assert not d.has_penalties and not d.greedy
+
+
+def test_minus_one_means_what_it_means_to_llama_cpp():
+    p = SamplingParams(seed=-1, repeat_last_n=-1, top_k=-1, repeat_penalty=1.1).resolved(n_ctx=512)
+    assert (p.seed, p.repeat_last_n, p.top_k) == (None, 512, 0)
+    assert p.has_penalties

@@ -54,9 +54,9 @@ def chat_runs(trained_model: Any) -> dict[str, Any]:
         for text in TURNS:
             messages.append({"role": "user", "content": text})
             runs["prompts"].append(_prompt(model, messages))
-            runs["cached"].append(model.chat(messages, max_tokens=MAX_TOKENS, draft_n_max=3, context=kept))
+            runs["cached"].append(model.chat(messages, max_tokens=MAX_TOKENS, draft_n_max=3, context=kept, temperature=0))
             runs["uncached"].append(model.chat(messages, max_tokens=MAX_TOKENS, draft_n_max=3, context=other,
-                                               cache_prompt=False))
+                                               cache_prompt=False, temperature=0))
             messages.append({"role": "assistant", "content": runs["cached"][-1].text})
     return runs
 
@@ -107,8 +107,8 @@ def test_mtp_acceptance_is_unchanged_by_the_cache(chat_runs: dict[str, Any]) -> 
 def test_cache_prompt_false_decodes_everything(trained_model: Any) -> None:
     prompt = trained_model.tokenize("def parse_args(argv):\n")
     with _context(trained_model) as ctx:
-        first = trained_model.generate(prompt, max_tokens=8, context=ctx)
-        again = trained_model.generate(prompt, max_tokens=8, context=ctx, cache_prompt=False)
+        first = trained_model.generate(prompt, max_tokens=8, context=ctx, temperature=0)
+        again = trained_model.generate(prompt, max_tokens=8, context=ctx, cache_prompt=False, temperature=0)
     assert first.stats.n_prompt_cached == 0
     assert again.stats.n_prompt_cached == 0 and again.stats.n_prompt_decoded == len(prompt)
     assert again.tokens == first.tokens
@@ -117,8 +117,8 @@ def test_cache_prompt_false_decodes_everything(trained_model: Any) -> None:
 def test_a_prompt_fully_cached_still_decodes_its_last_token(trained_model: Any) -> None:
     prompt = trained_model.tokenize("class Queue:\n    def __init__(self):")
     with _context(trained_model) as ctx:
-        first = trained_model.generate(prompt, max_tokens=12, context=ctx)
-        again = trained_model.generate(prompt, max_tokens=12, context=ctx)
+        first = trained_model.generate(prompt, max_tokens=12, context=ctx, temperature=0)
+        again = trained_model.generate(prompt, max_tokens=12, context=ctx, temperature=0)
     assert again.stats.n_prompt_cached == len(prompt) - 1 and again.stats.n_prompt_decoded == 1
     assert again.tokens == first.tokens
 
@@ -126,11 +126,11 @@ def test_a_prompt_fully_cached_still_decodes_its_last_token(trained_model: Any) 
 def test_a_kv_edit_forgets_the_cache(trained_model: Any) -> None:
     prompt = trained_model.tokenize("import os\nimport sys\n")
     with _context(trained_model) as ctx:
-        trained_model.generate(prompt, max_tokens=8, context=ctx)
+        trained_model.generate(prompt, max_tokens=8, context=ctx, temperature=0)
         ctx.seq_rm(0, 2, -1)  # someone else's edit: the record no longer says what the KV holds
-        after_rm = trained_model.generate(prompt, max_tokens=8, context=ctx)
+        after_rm = trained_model.generate(prompt, max_tokens=8, context=ctx, temperature=0)
         ctx.clear()
-        after_clear = trained_model.generate(prompt, max_tokens=8, context=ctx)
+        after_clear = trained_model.generate(prompt, max_tokens=8, context=ctx, temperature=0)
     assert after_rm.stats.n_prompt_cached == 0 and after_clear.stats.n_prompt_cached == 0
 
 
@@ -143,11 +143,12 @@ def test_a_rollback_past_the_sliding_window_still_reuses_the_prefix(trained_mode
     assert 0 < model.n_swa < 200
     prompt = model.tokenize("def parse_args(argv):\n")
     with _context(model) as ctx:
-        first = model.generate(prompt, max_tokens=300, context=ctx, draft_n_max=3, ignore_eos=True)
+        first = model.generate(prompt, max_tokens=300, context=ctx, draft_n_max=3, ignore_eos=True, temperature=0)
         held = prompt + first.tokens[:-1]
         assert ctx.seq_pos_min(0) == 0 and ctx.seq_pos_max(0) == len(held) - 1
-        again = model.generate(held[:30] + held[:2], max_tokens=4, context=ctx, draft_n_max=3)
-        fresh = model.generate(held[:30] + held[:2], max_tokens=4, context=ctx, draft_n_max=3, cache_prompt=False)
+        again = model.generate(held[:30] + held[:2], max_tokens=4, context=ctx, draft_n_max=3, temperature=0)
+        fresh = model.generate(held[:30] + held[:2], max_tokens=4, context=ctx, draft_n_max=3, temperature=0,
+                               cache_prompt=False)
     assert again.stats.n_prompt_cached == 30 and fresh.stats.n_prompt_cached == 0
     _assert_agree(model, held[:30] + held[:2], again.tokens, fresh.tokens)
 

@@ -21,12 +21,12 @@ def test_context_too_large_for_memory_is_a_context_error_and_others_keep_working
         from mtp_bindings import Model, ContextError
         m = Model({str(fixture_path("dense-target.gguf"))!r})
         small = m.create_context(n_ctx=128)
-        want = m.generate("x = 1", max_tokens=8, draft_n_max=0, context=small).tokens
+        want = m.generate("x = 1", max_tokens=8, draft_n_max=0, context=small, temperature=0).tokens
         try:
             m.create_context(n_ctx=1 << 24, n_batch=4096, n_ubatch=4096)
         except ContextError as e:
             print("CONTEXT_ERROR", str(e)[:200])
-        assert m.generate("x = 1", max_tokens=8, draft_n_max=0, context=small).tokens == want
+        assert m.generate("x = 1", max_tokens=8, draft_n_max=0, context=small, temperature=0).tokens == want
         print("STILL_OK")
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
@@ -61,7 +61,7 @@ def test_keyboard_interrupt_mid_generation_leaves_the_context_reusable():
     target, assistant = PAIRS["dense"]
     with Model(fixture_path(target), assistant=fixture_path(assistant)) as m, \
             m.create_context(n_ctx=256, embeddings=True) as ctx:
-        want = m.generate("def f(x):", max_tokens=30, draft_n_max=2, context=ctx).tokens
+        want = m.generate("def f(x):", max_tokens=30, draft_n_max=2, context=ctx, temperature=0).tokens
         calls = []
 
         def interrupt() -> bool:
@@ -71,16 +71,16 @@ def test_keyboard_interrupt_mid_generation_leaves_the_context_reusable():
             return False
 
         with pytest.raises(KeyboardInterrupt):
-            m.generate("import os\n", max_tokens=100, draft_n_max=2, context=ctx, cancel=interrupt)
+            m.generate("import os\n", max_tokens=100, draft_n_max=2, context=ctx, cancel=interrupt, temperature=0)
         session = current_session(ctx)
         assert session is None or session.in_flight is None
-        assert m.generate("def f(x):", max_tokens=30, draft_n_max=2, context=ctx).tokens == want
+        assert m.generate("def f(x):", max_tokens=30, draft_n_max=2, context=ctx, temperature=0).tokens == want
 
 
 def test_a_failed_context_does_not_disturb_another_model_in_the_process():
     with Model(fixture_path("dense-target.gguf")) as a, Model(fixture_path("keqv-target.gguf")) as b:
-        want = b.generate("x", max_tokens=6, draft_n_max=0).tokens
+        want = b.generate("x", max_tokens=6, draft_n_max=0, temperature=0).tokens
         from mtp_bindings import InvalidParameterError
         with pytest.raises(InvalidParameterError):
             a.create_context(n_ctx=-1)
-        assert b.generate("x", max_tokens=6, draft_n_max=0).tokens == want
+        assert b.generate("x", max_tokens=6, draft_n_max=0, temperature=0).tokens == want

@@ -276,7 +276,7 @@ def test_a_centroid_head_drafts_over_rpc(tmp_path: Path) -> None:
         local = _generate(model, 3)
     with rpc_workers(1, tmp_path) as (endpoint,):
         out = subprocess.run(_serve_command() + ["generate", "-m", str(target), "-md", str(assistant), "-p", PROMPT,
-                                                 "-n", str(N_TOKENS), "--spec-draft-n-max", "3",
+                                                 "-n", str(N_TOKENS), "--spec-draft-n-max", "3", "--temp", "0",
                                                  "-t", "1", "-c", "1024",
                                                  "--rpc", endpoint, "-ngl", "99", "--json"],
                              capture_output=True, text=True, timeout=120)

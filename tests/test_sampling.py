@@ -146,7 +146,7 @@ def test_repeat_penalty_lowers_repeated_tokens():
 
 
 @pytest.mark.parametrize("kwargs", [
-    {"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -1}, {"min_p": 2.0},
+    {"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -2}, {"min_p": 2.0},
     {"seed": -3}, {"temperature": "hot"}, {"repeat_last_n": 1.5}, {"temperature": float("nan")},
 ])
 def test_invalid_sampling_parameters_are_refused(kwargs):

@@ -58,7 +58,7 @@ def disconnect_mid_stream(c: httpx.Client, prompt: str) -> None:
 
 
 def invalid(c: httpx.Client, rng: random.Random) -> int:
-    body = rng.choice([{"prompt": 3}, {"prompt": "x", "temperature": "hot"}, {"prompt": "x", "max_tokens": -1},
+    body = rng.choice([{"prompt": 3}, {"prompt": "x", "temperature": "hot"}, {"prompt": "x", "max_tokens": -2},
                        {"prompt": "x", "n": 2}])
     return c.post("/v1/completions", json=body).status_code
 

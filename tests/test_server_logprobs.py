@@ -108,3 +108,57 @@ def test_openai_client_reads_chat_logprobs(server: Server) -> None:
                                                      logprobs=True, top_logprobs=2)
     content = reply.choices[0].logprobs.content
     assert content and all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+
+
+# ------------------------------------------------------------------------------------------------
+# a stop string: its tokens are in neither the logprobs nor the usage (issue 26, item 10)
+# ------------------------------------------------------------------------------------------------
+
+def stop_at_a_token(reference: Any) -> tuple[str, str, int]:
+    """A stop string that starts exactly at a generated token's text (its first occurrence), the
+    text before it, and how many tokens that text holds."""
+    ref = ref_generate(reference, PROMPT, max_tokens=N, draft_n_max=0)
+    start = 0
+    for j, t in enumerate(ref.tokens):
+        piece = reference.token_to_piece(t)
+        text = ref.text.encode()[:start].decode("utf-8", errors="strict") if j else ""
+        if j >= 3 and piece.strip() and piece.isascii() and ref.text.find(piece.decode()) == len(text):
+            return piece.decode(), text, j
+        start += len(piece)
+    pytest.fail(f"no token of {ref.text!r} starts a first occurrence of its own text")
+
+
+def test_a_stop_strings_tokens_leave_the_logprobs_and_the_usage(server: Server, reference: Any) -> None:
+    stop, text, n = stop_at_a_token(reference)
+    body = post(server, "/v1/completions", {"prompt": PROMPT, "logprobs": 1, "stop": [stop]})
+    choice = body["choices"][0]
+    assert choice["text"] == text and choice["finish_reason"] == "stop"
+    assert len(choice["logprobs"]["tokens"]) == n and "".join(choice["logprobs"]["tokens"]) == text
+    assert body["usage"]["completion_tokens"] == n
+
+
+def test_a_streamed_stop_strings_tokens_leave_the_logprobs_and_the_usage(server: Server, reference: Any) -> None:
+    stop, text, n = stop_at_a_token(reference)
+    with server.client() as c:
+        with c.stream("POST", "/v1/completions",
+                      json={"prompt": PROMPT, "max_tokens": N, "temperature": 0, "stream": True, "logprobs": 0,
+                            "stop": stop}) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+    tokens = [t for ch in chunks for t in (ch["choices"][0]["logprobs"] or {}).get("tokens", [])]
+    assert "".join(ch["choices"][0]["text"] for ch in chunks) == text
+    assert len(tokens) == n and "".join(tokens) == text
+    assert chunks[-1]["usage"]["completion_tokens"] == n
+
+
+def test_a_chat_stop_strings_tokens_leave_the_logprobs_and_the_usage(server: Server, reference: Any) -> None:
+    ref = ref_chat(reference, CHAT, max_tokens=N, draft_n_max=0)
+    stop = ref.text[len(ref.text) // 2:][:3]
+    kept = ref.text[:ref.text.index(stop)]
+    body = post(server, "/v1/chat/completions", {"messages": CHAT, "logprobs": True, "stop": stop})
+    entries = body["choices"][0]["logprobs"]["content"]
+    assert body["choices"][0]["message"]["content"] == kept
+    assert b"".join(bytes(e["bytes"]) for e in entries).decode("utf-8", errors="replace").startswith(kept)
+    assert body["usage"]["completion_tokens"] == len(entries) < len(ref.tokens)
+    assert not b"".join(bytes(e["bytes"]) for e in entries[:-1]).decode("utf-8", errors="replace") \
+        .endswith(stop) and len(b"".join(bytes(e["bytes"]) for e in entries[:-1])) < len(kept.encode())

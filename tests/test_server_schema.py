@@ -58,16 +58,39 @@ def test_draft_n_max_goes_up_to_the_librarys_maximum(body: Any) -> None:
     assert not server_accepts(**body(DRAFT_N_MAX + 1)) and not server_accepts(**body(-1))
 
 
-def test_a_request_that_sets_nothing_gets_the_librarys_defaults_and_openais_temperature() -> None:
+def test_a_request_that_sets_nothing_gets_the_librarys_defaults_temperature_included() -> None:
     kwargs = generation_kwargs(CompletionRequest.model_validate({"prompt": "x"}), DraftDefaults(), n_prompt=1,
                                n_ctx=100, n_vocab=10)
-    for name in ("top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
+    for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
                  "frequency_penalty"):
-        assert kwargs[name] == getattr(SAMPLING_DEFAULTS, name), name
-    assert kwargs["temperature"] == 1.0
+        assert kwargs[name] == getattr(SAMPLING_DEFAULTS, name), name  # one set of defaults, no server copy
 
 
 def test_server_drafting_defaults_are_checked_against_the_librarys_bounds() -> None:
     DraftDefaults(draft_n_max=DRAFT_N_MAX).validate()
     with pytest.raises(InvalidParameterError, match="draft_n_max"):
         DraftDefaults(draft_n_max=DRAFT_N_MAX + 1).validate()
+
+
+def _limit(**fields: Any) -> int:
+    return generation_kwargs(CompletionRequest.model_validate({"prompt": "x", **fields}), DraftDefaults(), n_prompt=1,
+                             n_ctx=100, n_vocab=10, n_predict=50)["max_tokens"]
+
+
+@pytest.mark.parametrize("name", ["n_predict", "max_completion_tokens", "max_tokens"])
+def test_a_length_of_minus_one_is_the_servers_limit_and_zero_generates_nothing(name: str) -> None:
+    assert _limit(**{name: -1}) == 50 and _limit(**{name: 0}) == 0 and _limit(**{name: 7}) == 7
+    assert not server_accepts(**{name: -2})
+
+
+def test_n_predict_wins_over_max_tokens_as_in_llama_server() -> None:
+    assert _limit(n_predict=3, max_tokens=9) == 3 and _limit(max_completion_tokens=4, max_tokens=9) == 4
+    assert _limit(n_predict=-1, max_tokens=9) == 50  # llama-server: -1 is the server's -n, whatever the aliases say
+
+
+def test_drafting_asked_of_a_server_without_an_assistant_is_a_client_error():
+    from mtp_bindings.exceptions import NoAssistantError
+    from mtp_bindings.server.errors import generation_error
+
+    err = generation_error(NoAssistantError("this model has no MTP assistant: draft_n_max=2 cannot draft"))
+    assert err.status == 400 and "no MTP assistant" in err.message

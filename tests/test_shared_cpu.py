@@ -215,7 +215,7 @@ def test_a_default_context_gives_way_to_busy_cpus_and_an_explicit_one_does_not(t
         with Model(trained_paths[0]) as model, model.create_context(n_ctx=256) as auto, \
                 model.create_context(n_ctx=256, n_threads=cpus) as explicit:
             for ctx in (auto, explicit):
-                model.generate("def f(x):\n", context=ctx, max_tokens=8, draft_n_max=0)
+                model.generate("def f(x):\n", context=ctx, max_tokens=8, draft_n_max=0, temperature=0)
             assert auto.n_threads == 1
             assert explicit.n_threads == cpus
     finally:

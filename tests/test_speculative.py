@@ -50,10 +50,10 @@ def trained(trained_paths):
        draft_n_max=st.integers(1, 6), depth2=st.booleans())
 def test_greedy_mtp_equals_plain_greedy(pair, prompt, draft_n_max, depth2):
     name, model, ctx = pair
-    plain = model.generate(prompt, max_tokens=40, draft_n_max=0, context=ctx)
+    plain = model.generate(prompt, max_tokens=40, draft_n_max=0, context=ctx, temperature=0)
     # a prompt whose greedy continuation ends at once leaves nothing to draft (e.g. " )a)c::=(e==" on ple)
     assume(len(plain.tokens) > 1)
-    spec = model.generate(prompt, max_tokens=40, draft_n_max=draft_n_max, depth2=depth2, context=ctx)
+    spec = model.generate(prompt, max_tokens=40, draft_n_max=draft_n_max, depth2=depth2, context=ctx, temperature=0)
     assert spec.stats.n_drafted > 0
     assert_same_greedy(plain, spec, name)
 
@@ -62,16 +62,16 @@ def test_greedy_mtp_equals_plain_greedy(pair, prompt, draft_n_max, depth2):
 def test_trained_pair_greedy_mtp_equals_plain(trained, depth2):
     model, ctx = trained
     for prompt in PROMPTS:
-        plain = model.generate(prompt, max_tokens=64, draft_n_max=0, context=ctx)
+        plain = model.generate(prompt, max_tokens=64, draft_n_max=0, context=ctx, temperature=0)
         for n in (1, 2, 3, 4):
-            spec = model.generate(prompt, max_tokens=64, draft_n_max=n, depth2=depth2, context=ctx)
+            spec = model.generate(prompt, max_tokens=64, draft_n_max=n, depth2=depth2, context=ctx, temperature=0)
             assert_same_greedy(plain, spec, (prompt, n))
 
 
 def _continuations(model, ctx, n_samples, draft_n_max, seed, verify=None):
     counts: Counter = Counter()
     for i in range(n_samples):
-        r = model.generate(PROMPTS[0], max_tokens=3, temperature=1.0, top_k=3, seed=seed * 100003 + i,
+        r = model.generate(PROMPTS[0], max_tokens=3, temperature=1.0, top_k=3, top_p=1.0, min_p=0.0, seed=seed * 100003 + i,
                            draft_n_max=draft_n_max, context=ctx)
         counts[tuple(r.tokens)] += 1
     return counts
@@ -116,7 +116,7 @@ def test_h_idx_of_the_last_accepted_token_beats_the_last_batch_row(trained):
     def rate(h_idx: str) -> float:
         acc = drafted = 0
         for prompt in PROMPTS:
-            s = model.generate(prompt, max_tokens=96, draft_n_max=4, context=ctx, h_idx=h_idx).stats
+            s = model.generate(prompt, max_tokens=96, draft_n_max=4, context=ctx, h_idx=h_idx, temperature=0).stats
             acc, drafted = acc + s.n_accepted, drafted + s.n_drafted
         return acc / drafted
 
@@ -127,7 +127,7 @@ def test_h_idx_of_the_last_accepted_token_beats_the_last_batch_row(trained):
 def test_trace_events_parse_and_their_counts_equal_stats(trained):
     model, ctx = trained
     sink = io.StringIO()
-    r = model.generate(PROMPTS[2], max_tokens=64, draft_n_max=3, context=ctx, trace=sink)
+    r = model.generate(PROMPTS[2], max_tokens=64, draft_n_max=3, context=ctx, trace=sink, temperature=0)
     events = [json.loads(line) for line in sink.getvalue().splitlines()]
     drafts = [e for e in events if e["event"] == "mtp_draft"]
     accepts = [e for e in events if e["event"] == "mtp_accept"]
@@ -142,7 +142,7 @@ def test_trace_file_from_the_environment(trained, tmp_path, monkeypatch):
     model, ctx = trained
     path = tmp_path / "trace.ndjson"
     monkeypatch.setenv("LLAMA_MTP_ACC_TRACE", str(path))
-    r = model.generate(PROMPTS[0], max_tokens=20, draft_n_max=2, context=ctx)
+    r = model.generate(PROMPTS[0], max_tokens=20, draft_n_max=2, context=ctx, temperature=0)
     lines = path.read_text().splitlines()
     assert sum(1 for line in lines if json.loads(line)["event"] == "mtp_accept") == r.stats.n_rounds
 
@@ -150,7 +150,7 @@ def test_trace_file_from_the_environment(trained, tmp_path, monkeypatch):
 def test_depth2_drafts_lazily(trained):
     model, ctx = trained
     sink = io.StringIO()
-    model.generate(PROMPTS[0], max_tokens=48, draft_n_max=2, context=ctx, trace=sink, depth2=True)
+    model.generate(PROMPTS[0], max_tokens=48, draft_n_max=2, context=ctx, trace=sink, depth2=True, temperature=0)
     paths = Counter(json.loads(line)["path"] for line in sink.getvalue().splitlines() if "path" in line)
     assert paths["lazy"] > paths["sync"]
 
@@ -159,7 +159,7 @@ def test_depth2_off_from_the_environment(trained, monkeypatch):
     model, ctx = trained
     monkeypatch.setenv("LLAMA_PIPELINE_DEPTH2", "0")
     sink = io.StringIO()
-    model.generate(PROMPTS[0], max_tokens=32, draft_n_max=2, context=ctx, trace=sink)
+    model.generate(PROMPTS[0], max_tokens=32, draft_n_max=2, context=ctx, trace=sink, temperature=0)
     paths = Counter(json.loads(line)["path"] for line in sink.getvalue().splitlines() if "path" in line)
     assert paths["lazy"] == 0 and paths["sync"] > 0
 
@@ -169,7 +169,7 @@ def test_skip_streak_threshold_one_never_skips_forever(tmp_path):
     target, assistant = PAIRS["dense"]
     with Model(fixture_path(target), assistant=fixture_path(assistant)) as model:
         sink = io.StringIO()
-        r = model.generate(PROMPTS[0], max_tokens=60, draft_n_max=2, skip_streak=1, trace=sink)
+        r = model.generate(PROMPTS[0], max_tokens=60, draft_n_max=2, skip_streak=1, trace=sink, temperature=0)
         paths = [json.loads(line)["path"] for line in sink.getvalue().splitlines() if "path" in line]
         assert "skip-streak" in paths
         assert not any(a == b == "skip-streak" for a, b in zip(paths, paths[1:]))
@@ -181,13 +181,13 @@ def test_skip_streak_from_the_environment(monkeypatch):
     target, assistant = PAIRS["dense"]
     monkeypatch.setenv("LLAMA_MTP_SKIP_STREAK_THRESHOLD", "2")
     with Model(fixture_path(target), assistant=fixture_path(assistant)) as model:
-        r = model.generate(PROMPTS[0], max_tokens=60, draft_n_max=2)
+        r = model.generate(PROMPTS[0], max_tokens=60, draft_n_max=2, temperature=0)
         assert r.stats.n_skipped_rounds > 0
 
 
 def test_stats_account_for_every_token(trained):
     model, ctx = trained
-    r = model.generate(PROMPTS[3], max_tokens=50, draft_n_max=3, context=ctx)
+    r = model.generate(PROMPTS[3], max_tokens=50, draft_n_max=3, context=ctx, temperature=0)
     s = r.stats
     assert s.n_generated == len(r.tokens) + (1 if s.hit_eog else 0) or s.n_generated == len(r.tokens)
     assert s.n_generated - 1 == s.n_accepted + s.n_rounds
@@ -197,24 +197,24 @@ def test_stats_account_for_every_token(trained):
 
 def test_stop_string_and_max_tokens_with_mtp(trained):
     model, ctx = trained
-    full = model.generate(PROMPTS[0], max_tokens=60, draft_n_max=3, context=ctx)
+    full = model.generate(PROMPTS[0], max_tokens=60, draft_n_max=3, context=ctx, temperature=0)
     assert len(full.text) >= 13, "the stop string below must come from the text"
     stop = full.text[10:13]
-    r = model.generate(PROMPTS[0], max_tokens=60, draft_n_max=3, context=ctx, stop=stop)
+    r = model.generate(PROMPTS[0], max_tokens=60, draft_n_max=3, context=ctx, stop=stop, temperature=0)
     assert r.text == full.text[: full.text.index(stop)] and r.finish_reason == "stop"
     for n in (1, 2, 5, 7):
-        assert len(model.generate(PROMPTS[0], max_tokens=n, draft_n_max=4, context=ctx).tokens) == n
+        assert len(model.generate(PROMPTS[0], max_tokens=n, draft_n_max=4, context=ctx, temperature=0).tokens) == n
 
 
 def test_cancelled_stream_leaves_the_context_ready_for_the_next_request(trained):
     model, ctx = trained
-    want = model.generate(PROMPTS[1], max_tokens=40, draft_n_max=3, context=ctx).tokens
-    stream = model.generate(PROMPTS[4], max_tokens=200, draft_n_max=3, context=ctx, stream=True)
+    want = model.generate(PROMPTS[1], max_tokens=40, draft_n_max=3, context=ctx, temperature=0).tokens
+    stream = model.generate(PROMPTS[4], max_tokens=200, draft_n_max=3, context=ctx, stream=True, temperature=0)
     for i, _ in enumerate(stream):
         if i == 3:
             break
     stream.close()
-    assert model.generate(PROMPTS[1], max_tokens=40, draft_n_max=3, context=ctx).tokens == want
+    assert model.generate(PROMPTS[1], max_tokens=40, draft_n_max=3, context=ctx, temperature=0).tokens == want
 
 
 def test_end_of_generation_token_stops_with_mtp(trained):
@@ -222,12 +222,12 @@ def test_end_of_generation_token_stops_with_mtp(trained):
     eos = model.token_eos
     # find a logit bias on EOS that makes plain greedy decoding stop a few tokens in
     for bias in (4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 20.0):
-        plain = model.generate(PROMPTS[0], max_tokens=60, draft_n_max=0, context=ctx, logit_bias={eos: bias})
+        plain = model.generate(PROMPTS[0], max_tokens=60, draft_n_max=0, context=ctx, logit_bias={eos: bias}, temperature=0)
         if plain.finish_reason == "stop" and len(plain.tokens) >= 3:
             break
     else:
         pytest.fail("no bias made EOS appear mid-generation")
-    spec = model.generate(PROMPTS[0], max_tokens=60, draft_n_max=3, context=ctx, logit_bias={eos: bias})
+    spec = model.generate(PROMPTS[0], max_tokens=60, draft_n_max=3, context=ctx, logit_bias={eos: bias}, temperature=0)
     assert spec.tokens == plain.tokens and spec.finish_reason == "stop"
     assert eos not in spec.tokens and spec.stats.hit_eog
 
@@ -235,9 +235,9 @@ def test_end_of_generation_token_stops_with_mtp(trained):
 def test_ignore_eos_generates_through_end_of_generation(trained):
     model, ctx = trained
     eos = model.token_eos
-    stopped = model.generate(PROMPTS[0], max_tokens=40, draft_n_max=2, context=ctx, logit_bias={eos: 30.0})
+    stopped = model.generate(PROMPTS[0], max_tokens=40, draft_n_max=2, context=ctx, logit_bias={eos: 30.0}, temperature=0)
     assert stopped.finish_reason == "stop" and len(stopped.tokens) < 40
-    r = model.generate(PROMPTS[0], max_tokens=40, draft_n_max=2, context=ctx, logit_bias={eos: 30.0}, ignore_eos=True)
+    r = model.generate(PROMPTS[0], max_tokens=40, draft_n_max=2, context=ctx, logit_bias={eos: 30.0}, ignore_eos=True, temperature=0)
     assert len(r.tokens) == 40 and r.finish_reason == "length"
 
 
@@ -245,4 +245,4 @@ def test_logit_bias_outside_the_vocabulary_is_refused(trained):
     from mtp_bindings import InvalidParameterError
     model, ctx = trained
     with pytest.raises(InvalidParameterError, match="logit_bias"):
-        model.generate(PROMPTS[0], max_tokens=4, context=ctx, logit_bias={model.n_vocab + 5: 1.0})
+        model.generate(PROMPTS[0], max_tokens=4, context=ctx, logit_bias={model.n_vocab + 5: 1.0}, temperature=0)

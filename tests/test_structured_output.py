@@ -70,7 +70,7 @@ def _rows(favourite: int, n: int = 3, vocab: int = 8) -> list[np.ndarray]:
 def test_a_draft_the_constraint_forbids_is_rejected_even_when_the_target_prefers_it(temperature: float) -> None:
     for seed in range(50 if temperature else 1):
         c = OnlyTokens({2, 3})
-        rs = RejectionSampler(Sampler(SamplingParams(temperature=temperature, seed=seed, top_k=0)), c)  # type: ignore[arg-type]
+        rs = RejectionSampler(Sampler(SamplingParams(temperature=temperature, seed=seed, top_k=0, top_p=1.0, min_p=0.0)), c)  # type: ignore[arg-type]
         n_acc, y = rs.verify(_rows(5), [5, 5], [1])
         assert n_acc == 0 and y in (2, 3) and c.consumed == [y]
 

@@ -15,7 +15,7 @@ def test_threads_with_their_own_contexts_reproduce_the_serial_outputs(dense_targ
         serial = []
         for p in PROMPTS:
             with model.create_context(n_ctx=128, n_threads=1) as ctx:
-                serial.append(model.generate(p, max_tokens=24, draft_n_max=0, context=ctx).tokens)
+                serial.append(model.generate(p, max_tokens=24, draft_n_max=0, context=ctx, temperature=0).tokens)
         results: dict[int, list[int]] = {}
         errors: list[BaseException] = []
 
@@ -23,7 +23,7 @@ def test_threads_with_their_own_contexts_reproduce_the_serial_outputs(dense_targ
             try:
                 with model.create_context(n_ctx=128, n_threads=1) as ctx:
                     for _ in range(3):
-                        results[i] = model.generate(PROMPTS[i], max_tokens=24, draft_n_max=0, context=ctx).tokens
+                        results[i] = model.generate(PROMPTS[i], max_tokens=24, draft_n_max=0, context=ctx, temperature=0).tokens
             except BaseException as e:  # surfaced below
                 errors.append(e)
 
@@ -38,14 +38,14 @@ def test_threads_with_their_own_contexts_reproduce_the_serial_outputs(dense_targ
 
 def test_threads_sharing_one_context_are_serialized(dense_target_path):
     with Model(dense_target_path) as model, model.create_context(n_ctx=128) as ctx:
-        want = {p: model.generate(p, max_tokens=16, draft_n_max=0, context=ctx).tokens for p in PROMPTS}
+        want = {p: model.generate(p, max_tokens=16, draft_n_max=0, context=ctx, temperature=0).tokens for p in PROMPTS}
         got: list[tuple[str, list[int]]] = []
         errors: list[BaseException] = []
 
         def work(p: str) -> None:
             try:
                 for _ in range(3):
-                    got.append((p, model.generate(p, max_tokens=16, draft_n_max=0, context=ctx).tokens))
+                    got.append((p, model.generate(p, max_tokens=16, draft_n_max=0, context=ctx, temperature=0).tokens))
             except BaseException as e:
                 errors.append(e)
 

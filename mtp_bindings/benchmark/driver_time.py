@@ -113,12 +113,13 @@ m = Model(target, assistant=assistant)
 ctx = m.create_context(n_ctx=2048, n_threads=int(threads), flash_attn="off", embeddings=True)
 ids = m.tokenize(prompt)
 bias = {t: -100.0 for t in range(m.n_vocab) if m.is_eog(t)}
-m.generate(ids, context=ctx, max_tokens=16, draft_n_max=int(draft_n))
+m.generate(ids, context=ctx, max_tokens=16, draft_n_max=int(draft_n), temperature=0)
 t_end = time.perf_counter() + float(seconds)
 rounds = 0
 gen_s = 0.0
 while time.perf_counter() < t_end:
-    r = m.generate(ids, context=ctx, max_tokens=int(n_out), draft_n_max=int(draft_n), depth2=True, logit_bias=bias)
+    r = m.generate(ids, context=ctx, max_tokens=int(n_out), draft_n_max=int(draft_n), depth2=True, logit_bias=bias,
+                   temperature=0)
     rounds += r.stats.n_rounds
     gen_s += r.stats.t_total
 import json

@@ -1,15 +1,16 @@
 """The ``mtp-bindings`` command line: demo, generate, chat, serve, rpc-server, bench, convert,
 verify-assistant, info, relayout.
 
-Flags follow llama.cpp's where they overlap (``-m``, ``--mtp-head``/``-md``,
-``--spec-draft-n-max``, ``-c``, ``-t``, ``-ngl``, ``-ctk``/``-ctv``, ``-n``, ``-p``, ``-f``,
+Flags follow llama.cpp's where they overlap (``-m``, ``--mtp-head``/``-md``/``--spec-draft-model``,
+``--spec-type``, ``--spec-draft-n-max``, ``-c``, ``-t``, ``-ngl``, ``-ctk``/``-ctv``, ``-n``, ``-p``, ``-f``,
 ``--temp``, ...), and are read as llama.cpp reads them (see :mod:`.flags`); Ctrl-C behaves as
 in llama-cli (see :mod:`.interrupt`). Every error is one line, ``mtp-bindings: error: ...``,
 and exit status 2.
 
 This package: :func:`main` (here) parses and dispatches; :mod:`.parser` builds the parser from
-:mod:`.args` (shared flag groups) and :mod:`.flags` (llama.cpp's flag rules, the error
-convention); the commands are in :mod:`.generate` (generate, chat), :mod:`.demo` and
+:mod:`.args` (shared flag groups), :mod:`.upstream` (llama.cpp's speculative flags with their
+meaning) and :mod:`.flags` (llama.cpp's flag rules, the error convention); the commands are in
+:mod:`.generate` (generate, chat; chat's /commands in :mod:`.chat_commands`), :mod:`.demo` and
 :mod:`.tools` (serve, bench, info, convert, ...), :mod:`.rpc_server`, loading in :mod:`.session`, Ctrl-C in
 :mod:`.interrupt`.
 """

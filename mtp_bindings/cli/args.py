@@ -12,11 +12,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..hub import DEFAULT_QUANT
 from ..limits import CLI_N_PREDICT, DEFAULT_N_CTX, UNTIL_FULL
 from ..params import FLASH_ATTN, SAMPLING_DEFAULTS, ContextParams
 from ..presets import DEFAULT_PRESET, PRESETS
+from .upstream import add_speculative_args
 
 CONTEXT_DEFAULTS = ContextParams()
+# -ngl / -ngld words as llama.cpp's common/arg.cpp takes them; the library's count for "every layer"
+GPU_LAYERS_ALL, GPU_LAYERS_AUTO, ALL_LAYERS = "all", "auto", -1
 # (llama.cpp's flag, the library's sampling parameter it sets, its type, what it does); the default
 # is the library's (SAMPLING_DEFAULTS)
 SAMPLING_FLAGS = (
@@ -34,15 +38,45 @@ OFF = {"temperature": "; 0: greedy", "top_k": "; 0: all", "top_p": "; 1: off", "
        "repeat_penalty": "; 1: off", "presence_penalty": "; 0: off", "frequency_penalty": "; 0: off"}
 
 
+def _gpu_layers(value: str) -> int:
+    """``-ngl``: a count or ``all``; llama.cpp's ``auto`` (fit to free memory) is not available."""
+    if value == GPU_LAYERS_ALL:
+        return ALL_LAYERS
+    if value == GPU_LAYERS_AUTO:
+        raise argparse.ArgumentTypeError(f"{GPU_LAYERS_AUTO!r} (llama.cpp's fit to free memory) is not "
+                                         f"supported: give a count, or {GPU_LAYERS_ALL}")
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of layers or {GPU_LAYERS_ALL}, got {value!r}") from None
+
+
+def _gpu_layers_draft(value: str) -> int | None:
+    """``-ngld``: a count, ``all``, or ``auto`` (None: as ``-ngl``)."""
+    return None if value == GPU_LAYERS_AUTO else _gpu_layers(value)
+
+
 def add_model_args(p: argparse.ArgumentParser, *, no_mtp: bool = True) -> None:
+    """The model, its assistant, its placement and its context; with ``no_mtp``, the choice of plain
+    decoding and llama.cpp's speculative flags (:mod:`.upstream`)."""
     p.add_argument("-m", "--model", type=Path, default=None,
                    help="target GGUF (default: the bundled tiny trained model, which writes gibberish)")
-    p.add_argument("--mtp-head", "-md", "--model-draft", dest="mtp_head", type=Path, default=None,
+    p.add_argument("--mtp-head", "-md", "--model-draft", "--spec-draft-model", dest="mtp_head", type=Path,
+                   default=None,
                    help="MTP assistant GGUF to attach (default: the one named like the model beside it, e.g. "
                         "NAME-assistant-Q4_K_M.gguf for NAME-Q4_K_M.gguf or X-assistant.gguf for X-target.gguf; "
                         "none found: plain decoding)")
+    p.add_argument("-hf", "-hfr", "--hf-repo", dest="hf_repo", metavar="USER/MODEL[:QUANT]", default=None,
+                   help="download the model from this Hugging Face repository instead of -m (needs the [hub] extra): "
+                        f"the GGUF named by QUANT (case-insensitive; default {DEFAULT_QUANT}, else the first), and "
+                        "the repository's assistant named like it (see --mtp-head)")
+    p.add_argument("-hff", "--hf-file", dest="hf_file", metavar="FILE", default=None,
+                   help="the file of --hf-repo to download (overrides its QUANT)")
+    p.add_argument("-hft", "--hf-token", dest="hf_token", metavar="TOKEN", default=None,
+                   help="Hugging Face access token (default: HF_TOKEN, or the one huggingface_hub has stored)")
     if no_mtp:
         p.add_argument("--no-mtp", action="store_true", help="attach no assistant: plain decoding")
+        add_speculative_args(p)
     p.add_argument("-c", "--ctx-size", type=int, default=None,
                    help=f"context size in tokens (default: the model's training context, at most {DEFAULT_N_CTX}; "
                         "0: the whole training context)")
@@ -52,14 +86,17 @@ def add_model_args(p: argparse.ArgumentParser, *, no_mtp: bool = True) -> None:
                         "CPUs warns")
     p.add_argument("-tb", "--threads-batch", type=int, default=None,
                    help="threads for the prompt (batches; default: as -t)")
-    p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", type=int, default=0,
-                   help="layers to offload to a GPU (-1: all; default 0; a CPU-only build ignores it)")
-    p.add_argument("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", dest="n_gpu_layers_draft", type=int,
-                   default=None, help="layers of the MTP assistant to offload (default: as -ngl)")
+    p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="n_gpu_layers", type=_gpu_layers, default=0,
+                   help=f"layers to offload to a GPU ({ALL_LAYERS} or {GPU_LAYERS_ALL}: all; default 0; a CPU-only "
+                        "build ignores it)")
+    p.add_argument("-ngld", "--spec-draft-ngl", "--gpu-layers-draft", "--n-gpu-layers-draft",
+                   dest="n_gpu_layers_draft", type=_gpu_layers_draft, default=None,
+                   help=f"layers of the MTP assistant to offload ({ALL_LAYERS} or {GPU_LAYERS_ALL}: all; default "
+                        f"and {GPU_LAYERS_AUTO}: as -ngl)")
     p.add_argument("-dev", "--device", default=None,
                    help="comma-separated devices to offload to (e.g. CUDA0,CUDA1; 'none': no offloading; "
                         "default: all)")
-    p.add_argument("-devd", "--device-draft", default=None,
+    p.add_argument("-devd", "--spec-draft-device", "--device-draft", dest="device_draft", default=None,
                    help="devices for the MTP assistant (default: as --device)")
     p.add_argument("--rpc", metavar="SERVERS", default=None,
                    help="comma-separated list of RPC servers (host:port), workers started with `mtp-bindings "
@@ -93,11 +130,50 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="tokens drafted per round: a fixed count (0: plain decoding); with --preset auto, "
                         "its ceiling (default: --preset's)")
     add_drafting_args(p)
+    add_constraint_args(p)
     p.add_argument("--trace", default=None, help="append an NDJSON acceptance trace to this file ('1': stderr)")
 
 
+def add_batch_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's ``-b`` / ``-ub``: the context's logical and physical batch (the prompt is decoded
+    in chunks of ``-b`` tokens); defaults the library's (:class:`~mtp_bindings.params.ContextParams`)."""
+    p.add_argument("-b", "--batch-size", dest="batch_size", type=int, default=CONTEXT_DEFAULTS.n_batch,
+                   help=f"logical batch size: prompt tokens decoded at once (default {CONTEXT_DEFAULTS.n_batch})")
+    p.add_argument("-ub", "--ubatch-size", dest="ubatch_size", type=int, default=None,
+                   help=f"physical batch size, at most -b (default {CONTEXT_DEFAULTS.n_ubatch}, or -b where that "
+                        "is less, as llama.cpp clamps it)")
+
+
+def add_constraint_args(p: argparse.ArgumentParser) -> None:
+    """llama.cpp's structured-output flags, one of them at most: every token then follows the grammar
+    (see :mod:`mtp_bindings.generation.constraint`; needs the [structured] extra)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--grammar", default=None, metavar="GRAMMAR",
+                   help="constrain the output to this GBNF (llama.cpp's grammar format) or Lark grammar")
+    g.add_argument("--grammar-file", type=Path, default=None, metavar="FILE", help="read --grammar's text from a file")
+    g.add_argument("-j", "--json-schema", default=None, metavar="SCHEMA",
+                   help='constrain the output to JSON following this JSON schema (e.g. \'{"type": "object"}\' for '
+                        "any JSON object)")
+    g.add_argument("-jf", "--json-schema-file", type=Path, default=None, metavar="FILE",
+                   help="read --json-schema's schema from a file")
+
+
+def add_chat_template_args(p: argparse.ArgumentParser) -> None:
+    """``--chat-template`` and ``--chat-template-file`` as llama.cpp reads them (see
+    :func:`.session.chat_template`)."""
+    p.add_argument("--chat-template", dest="chat_template", metavar="NAME|FILE|JINJA", default=None,
+                   help="the chat template instead of the GGUF's: one of llama.cpp's built-in formats by name "
+                        "(chatml, llama3, gemma, mistral-v7, ...; an unknown name lists them all), a Jinja "
+                        "template file, or a Jinja template's text (default: the GGUF's, else Gemma 4's format)")
+    p.add_argument("--chat-template-file", dest="chat_template_file", metavar="FILE", type=Path, default=None,
+                   help="a Jinja chat template file instead of the GGUF's")
+
+
 def add_preset_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help=f"MTP preset (default: {DEFAULT_PRESET})")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help=f"MTP preset (default: {DEFAULT_PRESET}); MTP is lossless, so a preset changes the speed "
+                        "only, never the text. " + "; ".join(f"{name}: {PRESETS[name].summary()}"
+                                                              for name in PRESETS))
 
 
 def add_drafting_args(p: argparse.ArgumentParser) -> None:

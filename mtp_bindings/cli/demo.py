@@ -41,11 +41,12 @@ def cmd_demo(args: argparse.Namespace, interrupt: Interrupt) -> int:
             raise CLIError("demo compares MTP with plain decoding and needs an assistant: pass --mtp-head FILE")
         print(f"target    {model.path}\nassistant {model.assistant_path}\nprompt    {args.prompt!r}\n")
         with model.create_context(n_ctx=n_ctx(model, args), n_threads=args.threads, embeddings=True) as ctx:
-            model.generate(args.prompt, context=ctx, max_tokens=16, draft_n_max=0)  # warm-up
-            # MTP with what a user gets by default (the auto draft count) unless a count is given
+            model.generate(args.prompt, context=ctx, max_tokens=16, draft_n_max=0, temperature=0)  # warm-up
+            # MTP with what a user gets by default (the auto draft count) unless a count is given; greedy
+            # (temperature 0): MTP is lossless, so the two texts must then be identical token for token
             for label, n in (("plain", 0), ("mtp", args.draft_n_max)):
                 results[label] = model.generate(args.prompt, context=ctx, max_tokens=args.n_predict,
-                                                draft_n_max=n, preset=args.preset)
+                                                draft_n_max=n, preset=args.preset, temperature=0)
             plain, mtp = results["plain"], results["mtp"]
             parting = first_parting(plain.tokens, mtp.tokens)
             lead = None if parting is None else _plain_gap(model, ctx, args.prompt, plain.tokens, mtp.tokens, parting)
@@ -68,7 +69,7 @@ def _plain_gap(model: Any, ctx: Any, prompt: str, plain: list[int], mtp: list[in
     chose from."""
     if at >= len(mtp):
         return None
-    model.generate(prompt, context=ctx, max_tokens=at + 1, draft_n_max=0)
+    model.generate(prompt, context=ctx, max_tokens=at + 1, draft_n_max=0, temperature=0)
     return gap(ctx.logits_view(-1), plain[at], mtp[at])
 
 

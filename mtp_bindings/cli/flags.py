@@ -99,9 +99,9 @@ class SubcommandParser(Parser):
 # (llama.cpp's spellings, what to use instead). A command that has one of these flags itself keeps
 # its own (e.g. generate's -f, chat's -sys).
 UNSUPPORTED: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-hft", "--hf-token", "-mu", "--model-url"),
-     "-m FILE, with the GGUF downloaded yourself"),
-    (("-hfd", "-hfrd", "--hf-repo-draft"), "--mtp-head FILE, with the assistant GGUF downloaded yourself"),
+    (("-mu", "--model-url"), "-m FILE, with the GGUF downloaded yourself, or -hf USER/MODEL[:QUANT]"),
+    (("-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf"),
+     "--mtp-head FILE, with the assistant GGUF downloaded yourself"),
     (("-f", "--file"), "generate -f FILE; chat reads its turns from stdin: mtp-bindings chat < FILE"),
     (("-sys", "--system-prompt"), "mtp-bindings chat --system TEXT"),
     (("-cnv", "--conversation", "-i", "--interactive", "-if", "--interactive-first"), "mtp-bindings chat"),
@@ -109,8 +109,12 @@ UNSUPPORTED: tuple[tuple[tuple[str, ...], str], ...] = (
     (("-r", "--reverse-prompt"), "--stop STRING"),
     (("-e", "--escape", "--no-escape"), "-f FILE for a multi-line prompt: the prompt is used as given"),
     (("--jinja", "--chat-template", "--chat-template-file"),
-     "serve --chat-template FILE; chat applies the GGUF's own chat template"),
-    (("-b", "--batch-size", "-ub", "--ubatch-size"), "the Python API: create_context(n_batch=, n_ubatch=)"),
+     "chat or serve --chat-template NAME|FILE; generate and demo continue the prompt as given, with no chat "
+     "template"),
+    (("--no-jinja",), "--chat-template NAME for one of llama.cpp's built-in formats: templates are rendered "
+                      "with Jinja"),
+    (("-b", "--batch-size", "-ub", "--ubatch-size"),
+     "generate or chat -b / -ub; serve's slots keep the library's batch sizes (ContextParams)"),
     (("--mlock", "--numa", "-nkvo", "--no-kv-offload", "-dt", "--defrag-thold", "--rope-scaling", "--rope-scale",
       "--rope-freq-base", "--rope-freq-scale", "--yarn-orig-ctx", "--yarn-ext-factor", "--yarn-attn-factor",
       "--yarn-beta-slow", "--yarn-beta-fast", "--override-kv", "--keep"),
@@ -118,7 +122,7 @@ UNSUPPORTED: tuple[tuple[tuple[str, ...], str], ...] = (
     (("-sm", "--split-mode", "-ts", "--tensor-split", "-mg", "--main-gpu"),
      "a GPU build (CMAKE_ARGS at install time), -ngl and --device"),
     (("--grammar", "--grammar-file", "-j", "--json-schema", "-jf", "--json-schema-file"),
-     "plain sampling: constrained output is not implemented"),
+     "generate or chat --grammar / -j; serve: a request's grammar, json_schema or response_format"),
     (("--mirostat", "--mirostat-lr", "--mirostat-ent", "--typical", "--dynatemp-range", "--dynatemp-exp",
       "--xtc-probability", "--xtc-threshold", "--dry-multiplier", "--dry-base", "--dry-allowed-length",
       "--dry-penalty-last-n", "--dry-sequence-breaker", "--samplers", "--sampling-seq", "--top-nsigma",
@@ -126,16 +130,28 @@ UNSUPPORTED: tuple[tuple[tuple[str, ...], str], ...] = (
      "--temp, --top-k, --top-p, --min-p and the repeat/presence/frequency penalties"),
     (("--lora", "--lora-scaled", "--control-vector", "--control-vector-scaled", "--control-vector-layer-range"),
      "a merged GGUF: adapters are not supported"),
-    (("--draft-min", "--draft-n-min", "--draft-p-min", "-cd", "--ctx-size-draft", "--spec-replace", "-ctkd", "-ctvd"),
+    (("--draft-min", "--draft-n-min"), "--spec-draft-n-min (llama.cpp's own new name)"),
+    (("--spec-default",), "nothing: MTP is on whenever an assistant is given or found (--spec-type draft-mtp "
+                          "requires one); llama.cpp's n-gram drafting is not available"),
+    (("--spec-draft-p-split", "--draft-p-split", "--spec-draft-backend-sampling", "--no-spec-draft-backend-sampling"),
+     "--spec-draft-n-max / --preset: the assistant drafts one chain by argmax"),
+    (("-tbd", "--spec-draft-threads-batch", "--threads-batch-draft"),
+     "-tb: the assistant reads the target's KV cache, it has no prompt of its own to process"),
+    (("-cd", "--ctx-size-draft", "--spec-replace", "-ctkd", "-ctvd", "--spec-draft-type-k", "--spec-draft-type-v",
+      "--cache-type-k-draft", "--cache-type-v-draft"),
      "--spec-draft-n-max: the assistant drafts in the target's own context"),
-    (("--prompt-cache", "--prompt-cache-all", "--prompt-cache-ro", "--cache-reuse", "--slot-save-path"),
-     "nothing: there is no prompt cache, each generation starts from an empty KV cache"),
+    (("--prompt-cache", "--prompt-cache-all", "--prompt-cache-ro", "--cache-reuse"),
+     "the built-in prompt cache, on by default in chat and serve (serve --no-cache-prompt turns it off): a "
+     "generation keeps the KV of the longest prefix its prompt shares with what its context last held and "
+     "decodes only the rest; it saves nothing to files and shifts no KV to reuse chunks past the first "
+     "difference"),
     (("-lv", "--verbosity", "--log-verbosity", "--log-file", "--log-disable", "--log-colors", "--log-prefix",
       "--log-timestamps", "-co", "--color", "--perf", "--no-perf", "--no-display-prompt", "--no-warmup"),
      "-v for the load log; generate prints its speed on stderr, chat with --stats"),
     (("--ssl-key-file", "--ssl-cert-file"), "a TLS proxy in front of mtp-bindings serve"),
     (("--api-key-file",), "--api-key KEY"),
-    (("--path", "--webui", "--no-webui", "--embedding", "--embeddings", "--rerank", "--reranking", "--slots",
+    (("--embedding", "--embeddings", "--pooling", "--embd-normalize"), "mtp-bindings serve --embeddings [--pooling P], or Model.embed"),
+    (("--path", "--webui", "--no-webui", "--rerank", "--reranking", "--slots",
       "--metrics", "-cb", "--cont-batching", "-nocb", "--no-cont-batching", "-to", "--timeout",
       "--threads-http", "-sps", "--slot-prompt-similarity"),
      "mtp-bindings serve's defaults: completions only, -np slots, /health and /metrics always on"),
@@ -183,7 +199,8 @@ PARAM_DEST = {
     "skip_streak": "skip_streak", "type_k": "cache_type_k", "type_v": "cache_type_v", "flash_attn": "flash_attn",
     "n_slots": "parallel", "n_predict": "n_predict", "port": "port", "n_gpu_layers": "n_gpu_layers",
     "n_gpu_layers_draft": "n_gpu_layers_draft", "n_threads_batch": "threads_batch", "devices": "device",
-    "rpc_servers": "rpc",
+    "rpc_servers": "rpc", "grammar": "grammar", "json_schema": "json_schema", "n_batch": "batch_size",
+    "n_ubatch": "ubatch_size",
 }
 
 

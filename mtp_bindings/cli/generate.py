@@ -13,13 +13,15 @@ import contextlib
 import json
 import sys
 import time
+from pathlib import Path
 from typing import IO, Any
 
 from ..exceptions import ContextOverflowError
 from ..limits import UNTIL_FULL
+from .chat_commands import UnknownCommand, help_text, read_line
 from .flags import PROG, CLIError, error_line, flag
 from .interrupt import INTERRUPTED, Interrupt
-from .session import session
+from .session import chat_template, session
 
 # a prompt at least this long shows its progress on stderr (a long prompt takes seconds to minutes)
 PROMPT_PROGRESS_TOKENS = 1024
@@ -37,7 +39,24 @@ def gen_kwargs(args: argparse.Namespace, ctx: Any) -> dict[str, Any]:
                 frequency_penalty=args.frequency_penalty, seed=None if args.seed == -1 else args.seed,
                 stop=args.stop, draft_n_max=args.draft_n_max, preset=args.preset,
                 depth2=False if args.no_depth2 else None, skip_streak=args.skip_streak, trace=args.trace,
-                ignore_eos=args.ignore_eos)
+                ignore_eos=args.ignore_eos, **constraint_kwargs(args))
+
+
+def constraint_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """``grammar=`` or ``json_schema=`` from ``--grammar``, ``--grammar-file``, ``-j`` or ``-jf`` (the
+    library compiles and checks it; its errors name the flag)."""
+    for dest, name, path in (("grammar", "grammar", False), ("grammar_file", "grammar", True),
+                             ("json_schema", "json_schema", False), ("json_schema_file", "json_schema", True)):
+        value = getattr(args, dest)
+        if value is None:
+            continue
+        if path:
+            try:
+                value = value.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise CLIError(f"{flag(args, dest)}: cannot read {value}: {e}") from None
+        return {name: value}
+    return {}
 
 
 def stats_line(label: str, stats: Any) -> str:
@@ -124,42 +143,93 @@ def cmd_generate(args: argparse.Namespace, interrupt: Interrupt) -> int:
 
 
 def cmd_chat(args: argparse.Namespace, interrupt: Interrupt) -> int:
-    """Interactive chat on stdin/stdout: one line per user turn; /reset clears, /quit (or EOF) ends.
-    Ctrl-C stops the reply being written; Ctrl-C at the prompt ends the chat."""
+    """Interactive chat on stdin/stdout: one line per user turn (``-p``: the first), and the commands
+    of :mod:`.chat_commands` (/help, /clear, /regen, /read FILE, /exit; EOF ends too; ``-st``: the
+    first reply does). Ctrl-C stops the reply being written; Ctrl-C at the prompt ends the chat."""
+    template = chat_template(args)
     with session(args, interrupt) as (model, ctx):
-        messages: list[dict[str, str]] = []
-        if args.system:
-            messages.append({"role": "system", "content": args.system})
+        system = [{"role": "system", "content": args.system}] if args.system else []
+        messages: list[dict[str, str]] = list(system)
+        attached: list[str] = []  # /read files, for the next message
         kwargs = gen_kwargs(args, ctx)
         interactive = sys.stdin.isatty()
+        first = args.prompt  # -p: the first turn, as llama-cli's
         while True:
-            if interactive:
-                print("> ", end="", flush=True)
+            if first is not None:
+                line, first = first, None
+            else:
+                if interactive:
+                    print("> ", end="", flush=True)
+                try:
+                    line = sys.stdin.readline()
+                except KeyboardInterrupt:
+                    print()
+                    return INTERRUPTED
+                if not line:
+                    return 0
             try:
-                line = sys.stdin.readline()
-            except KeyboardInterrupt:
-                print()
-                return INTERRUPTED
-            if not line or line.strip() == "/quit":
-                return 0
-            if line.strip() == "/reset":
-                messages = messages[:1] if args.system else []
+                read = read_line(line)
+            except UnknownCommand as e:
+                print(error_line(str(e)), file=sys.stderr)
                 continue
-            if not line.strip():
+            if isinstance(read, tuple):
+                command, arg = read
+                if command == "/exit":
+                    return 0
+                if command == "/help":
+                    print("commands:\n" + help_text(), file=sys.stderr)
+                elif command == "/clear":
+                    messages, attached = list(system), []
+                    print(f"{PROG}: chat history cleared", file=sys.stderr)
+                elif command == "/read":
+                    attached += _read_file(arg)
+                elif command == "/regen":
+                    if not messages or messages[-1]["role"] != "assistant":
+                        print(error_line("no reply to write again"), file=sys.stderr)
+                        continue
+                    messages.pop()
+                    _reply(args, model, ctx, messages, kwargs, template, interrupt)
                 continue
-            messages.append({"role": "user", "content": line.rstrip("\n")})
-            try:
-                reply, stats = _chat_reply(model, ctx, messages, kwargs, interrupt)
-            except ContextOverflowError:
-                messages.pop()
-                print(error_line(f"the conversation no longer fits the context ({ctx.n_ctx} tokens; "
-                                 f"{flag(args, 'ctx_size')} sets it): /reset to start over"), file=sys.stderr)
+            if not read.strip():
                 continue
-            if stats is not None and args.stats:
-                print(stats_line("mtp" if model.has_assistant else "plain", stats), file=sys.stderr)
-            if stats is not None and stats.hit_context_limit:
-                _say_how_it_ended(args, stats, ctx.n_ctx, interrupt)
-            messages.append({"role": "assistant", "content": reply})
+            messages.append({"role": "user", "content": "".join(attached) + read})
+            attached = []
+            _reply(args, model, ctx, messages, kwargs, template, interrupt)
+            if args.single_turn:
+                return INTERRUPTED if interrupt.requested else 0
+
+
+def _read_file(name: str) -> list[str]:
+    """``/read FILE``: the file's text as llama-cli adds it to the next message (nothing, with an
+    error line, when it cannot be read)."""
+    if not name:
+        print(error_line("/read needs a file: /read FILE"), file=sys.stderr)
+        return []
+    try:
+        text = Path(name).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        print(error_line(f"/read: cannot read {name}: {e}"), file=sys.stderr)
+        return []
+    print(f"{PROG}: added {name} to your next message", file=sys.stderr)
+    return [f"--- File: {name} ---\n{text}"]
+
+
+def _reply(args: argparse.Namespace, model: Any, ctx: Any, messages: list[dict[str, str]], kwargs: dict[str, Any],
+           template: str | None, interrupt: Interrupt) -> None:
+    """Write the reply to ``messages`` and add it to them; a conversation that no longer fits
+    drops its last message and says so."""
+    try:
+        reply, stats = _chat_reply(model, ctx, messages, {**kwargs, "chat_template": template}, interrupt)
+    except ContextOverflowError:
+        messages.pop()
+        print(error_line(f"the conversation no longer fits the context ({ctx.n_ctx} tokens; "
+                         f"{flag(args, 'ctx_size')} sets it): /clear to start over"), file=sys.stderr)
+        return
+    if stats is not None and args.stats:
+        print(stats_line("mtp" if model.has_assistant else "plain", stats), file=sys.stderr)
+    if stats is not None and stats.hit_context_limit:
+        _say_how_it_ended(args, stats, ctx.n_ctx, interrupt)
+    messages.append({"role": "assistant", "content": reply})
 
 
 def _chat_reply(model: Any, ctx: Any, messages: list[dict[str, str]], kwargs: dict[str, Any],

@@ -14,8 +14,10 @@ from pathlib import Path
 
 from .. import __version__
 from ..limits import SERVER_N_PREDICT, UNTIL_FULL
-from ..params import RPC_SERVER_HOST, RPC_SERVER_PORT, DraftParams
-from .args import add_drafting_args, add_model_args, add_preset_arg, add_sampling_args
+from ..params import EMBD_NORMALIZE, EMBED_POOLING, POOLING_TYPES, RPC_SERVER_HOST, RPC_SERVER_PORT, DraftParams
+from . import chat_commands
+from .args import (add_batch_args, add_chat_template_args, add_drafting_args, add_model_args, add_preset_arg,
+                   add_sampling_args)
 from .demo import DEMO_N_PREDICT, DEMO_PAIRS, DEMO_PROMPT, cmd_demo
 from .flags import PROG, Parser, SubcommandParser, refuse, refuse_unsupported
 from .generate import cmd_chat, cmd_generate
@@ -51,13 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec-draft-n-max", dest="draft_n_max", type=int, default=None,
                    help="MTP's tokens drafted per round (default from --preset: auto, chosen each round)")
     add_preset_arg(p)
-    refuse(p, ["--no-mtp"], "mtp-bindings generate --no-mtp: demo runs both, plain and MTP")
+    refuse(p, ["--no-mtp", "--spec-type"], "mtp-bindings generate --no-mtp: demo runs both, plain and MTP")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("generate", help="generate text from a prompt",
                        description="Generate a continuation of a prompt: text on stdout as it comes, speed and "
                                    "acceptance on stderr. Ctrl-C stops it early (exit status 130).")
     add_model_args(p)
+    add_batch_args(p)
     add_sampling_args(p)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-p", "--prompt", help="the prompt text")
@@ -66,13 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("chat", help="interactive chat with the GGUF's chat template (stdin/stdout)",
-                       description="Chat on stdin/stdout with the GGUF's chat template: one line per turn, "
-                                   "/reset starts over, /quit or end of input ends. Ctrl-C stops the reply being "
-                                   "written; Ctrl-C at the prompt ends the chat.")
+                       description="Chat on stdin/stdout with the GGUF's chat template (or --chat-template's): one "
+                                   "line per turn; end of input ends. Lines starting with / are commands, never "
+                                   f"sent to the model: {chat_commands.summary()}; // sends a line starting with "
+                                   "one /. Ctrl-C stops the reply being written; Ctrl-C at the prompt ends the chat.")
     add_model_args(p)
+    add_batch_args(p)
     add_sampling_args(p)
     p.add_argument("--system", "-sys", "--system-prompt", dest="system", default=None, help="a system message")
+    p.add_argument("-p", "--prompt", default=None, help="the first user turn (then stdin's lines, as llama-cli)")
+    p.add_argument("-st", "--single-turn", action="store_true",
+                   help="end after the first reply (to -p, else to stdin's first line), as llama-cli")
     p.add_argument("--stats", action="store_true", help="print tokens/s and acceptance after each reply")
+    add_chat_template_args(p)
     p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("convert", help="convert a Hugging Face Gemma 4 target or assistant to GGUF (needs torch)",
@@ -92,7 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all routes but /health)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' or 'X-Api-Key: KEY' (all routes but /health)")
+    p.add_argument("--cors-origins", default="*", metavar="ORIGINS",
+                   help="comma-separated origins browsers may call from (default *: any, as llama-server)")
     p.add_argument("-np", "--parallel", type=int, default=1,
                    help="slots: requests generated at once, each with its own context (default 1); "
                         "more requests queue")
@@ -100,15 +112,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"tokens a request generates when it sets no max_tokens (default {SERVER_N_PREDICT}; "
                         f"{UNTIL_FULL}: until the end of the text or a full context)")
     p.add_argument("-a", "--alias", default=None, help="model name the API reports (default: the file's stem)")
-    p.add_argument("--chat-template", "--chat-template-file", dest="chat_template", metavar="FILE", default=None,
-                   help="a Jinja chat template file used instead of the GGUF's (default: the GGUF's, else "
-                        "Gemma 4's format)")
+    add_chat_template_args(p)
     p.add_argument("--spec-draft-n-max", "--draft-max", dest="draft_n_max", type=int, default=None,
                    help="default tokens drafted per round (default from --preset; requests may override)")
     cache = next(f for f in fields(DraftParams) if f.name == "cache_prompt")
     p.add_argument("--no-cache-prompt", dest="cache_prompt", action="store_false", default=cache.default,
                    help=f"do not {cache.metadata['help']} (default: reuse it, as llama-server; a request's "
                         "cache_prompt overrides)")
+    p.add_argument("--embedding", "--embeddings", dest="embeddings", action="store_true",
+                   help="also serve /v1/embeddings, /embedding and /embeddings (from a context of their own)")
+    p.add_argument("--pooling", choices=list(POOLING_TYPES), default=EMBED_POOLING,
+                   help=f"how --embeddings pools a text's token vectors (default {EMBED_POOLING}; none: one vector "
+                        "per token, which /v1/embeddings refuses)")
+    p.add_argument("--embd-normalize", type=int, default=EMBD_NORMALIZE, metavar="N",
+                   help=f"how pooled embeddings are normalised unless a request says (default {EMBD_NORMALIZE}: "
+                        "L2; -1 none, 0 max-abs to int16, 1 taxicab, >2 p-norm)")
+    p.add_argument("--slot-save-path", default=None, metavar="PATH",
+                   help="folder of saved slot states: enables POST /slots/{id}?action=save|restore|erase "
+                        "(default: disabled)")
     add_drafting_args(p)
     p.set_defaults(func=cmd_serve)
 

@@ -17,27 +17,59 @@ from typing import Any
 from .. import models
 from ..exceptions import AssistantLoadError, ModelLoadError
 from ..limits import default_n_ctx
-from .flags import PROG
+from .args import CONTEXT_DEFAULTS
+from .flags import PROG, CLIError, flag
 from .interrupt import Interrupt
+from .upstream import SPEC_MTP, check_draft_n_min, check_draft_threads, wants_mtp
 
 
 def model_files(args: argparse.Namespace) -> tuple[Path, Path | None, bool, str | None]:
-    """The target, the assistant to attach (None: plain decoding), whether the user named that
-    assistant, and a note to say once (None: nothing worth saying)."""
+    """The target, the assistant to attach (None: plain decoding), whether it must fit (the user
+    named it, or asked for MTP with ``--spec-type draft-mtp``), and a note to say once (None:
+    nothing worth saying)."""
+    if getattr(args, "hf_repo", None) is not None or getattr(args, "hf_file", None) is not None:
+        return hub_files(args)
     target = args.model or models.TARGET
-    if getattr(args, "no_mtp", False):
+    mtp = wants_mtp(args)
+    if mtp is False:
         return target, None, False, None
     if args.mtp_head is not None:
         return target, args.mtp_head, True, None
     found = models.find_assistant(target)
     if found is None:
         looked = ", ".join(c.name for c in models.assistant_candidates(target)[:2])
+        if mtp:
+            raise CLIError(f"{flag(args, 'spec_type')} {SPEC_MTP} needs an MTP assistant: none given "
+                           f"(--spec-draft-model or --mtp-head FILE) or found beside {target.name} (looked for "
+                           f"{looked}, ...)")
         return target, None, False, (f"no MTP assistant given (--mtp-head) or found beside {target.name} "
                                      f"(looked for {looked}, ...): plain decoding")
     if args.model is None:
-        return target, found, False, None  # the bundled pair
-    return target, found, False, (f"attaching the MTP assistant found beside the model: {found} "
+        return target, found, bool(mtp), None  # the bundled pair
+    return target, found, bool(mtp), (f"attaching the MTP assistant found beside the model: {found} "
                                   "(--no-mtp for plain decoding)")
+
+
+def hub_files(args: argparse.Namespace) -> tuple[Path, Path | None, bool, str | None]:
+    """:func:`model_files` for ``-hf REPO[:QUANT]`` / ``--hf-file``: the target downloaded from the hub,
+    and its assistant: ``--mtp-head`` when given, else the repository's file named like the target."""
+    from ..hub import resolve
+
+    if args.hf_repo is None:
+        raise CLIError(f"{flag(args, 'hf_file')} names a file of --hf-repo: give -hf USER/MODEL too")
+    if args.model is not None:
+        raise CLIError(f"{flag(args, 'model')} and {flag(args, 'hf_repo')} both name the model: give one")
+    no_mtp = getattr(args, "no_mtp", False)
+    target, found = resolve(args.hf_repo, args.hf_file, assistant=not no_mtp and args.mtp_head is None,
+                            token=args.hf_token)
+    if no_mtp:
+        return target, None, False, None
+    if args.mtp_head is not None:
+        return target, args.mtp_head, True, None
+    if found is None:
+        return target, None, False, f"{args.hf_repo} has no MTP assistant named like {target.name}: plain decoding"
+    return target, found, False, f"attaching the MTP assistant of {args.hf_repo}: {found.name} (--no-mtp for plain " \
+                                 "decoding)"
 
 
 def _load_progress(target: Path, interrupt: Interrupt) -> Any:
@@ -63,10 +95,29 @@ def load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def context_kwargs(args: argparse.Namespace, model: Any) -> dict[str, Any]:
-    """A context's arguments from the flags (``-c``, ``-t``, ``-tb``, ``-ctk``, ``-ctv``, ``-fa``)."""
+    """A context's arguments from the flags (``-c``, ``-t``, ``-tb``, ``-ctk``, ``-ctv``, ``-fa``; ``-b``,
+    ``-ub`` where the command has them)."""
+    batch = {}
+    if hasattr(args, "batch_size"):
+        ubatch = min(CONTEXT_DEFAULTS.n_ubatch, args.batch_size) if args.ubatch_size is None else args.ubatch_size
+        batch = {"n_batch": args.batch_size, "n_ubatch": ubatch}
+        if model.has_assistant:
+            _check_verify_rows(args)
     return dict(n_ctx=n_ctx(model, args), n_threads=args.threads, n_threads_batch=args.threads_batch,
                 type_k=args.cache_type_k, type_v=args.cache_type_v, flash_attn=args.flash_attn,
-                embeddings=model.has_assistant)
+                embeddings=model.has_assistant, **batch)
+
+
+def _check_verify_rows(args: argparse.Namespace) -> None:
+    """An MTP round verifies its drafts and the token before them in one decode, which must fit one
+    batch: ``-b`` below that is refused (the library would split the decode and lose its rows)."""
+    from ..generation.driver import draft_params  # the one rule for preset + count
+
+    rows = draft_params(draft_n_max=args.draft_n_max, preset=args.preset).draft_n_max + 1
+    if args.batch_size < rows:
+        raise CLIError(f"{flag(args, 'batch_size')} {args.batch_size} is less than the {rows} tokens an MTP round "
+                       f"verifies at once (the drafts, {flag(args, 'draft_n_max')} or --preset's, and one more): "
+                       f"give {flag(args, 'batch_size')} {rows} or more, fewer drafts, or --no-mtp")
 
 
 def load(args: argparse.Namespace, interrupt: Interrupt) -> Any:
@@ -74,6 +125,8 @@ def load(args: argparse.Namespace, interrupt: Interrupt) -> Any:
     load and raises ``KeyboardInterrupt`` once it is safe to."""
     from .. import Model
 
+    check_draft_n_min(args)
+    check_draft_threads(args)
     target, assistant, named, note = model_files(args)
     if args.rpc and args.n_gpu_layers == 0:
         # as in llama.cpp, --rpc only adds devices; -ngl is what puts layers on them
@@ -137,3 +190,33 @@ def session(args: argparse.Namespace, interrupt: Interrupt) -> Iterator[tuple[An
             if interrupt.requested:
                 raise KeyboardInterrupt
             yield model, ctx
+
+
+# text that only a Jinja template's source holds (llama.cpp's --chat-template takes a template's text too)
+JINJA_MARKS = ("{%", "{{")
+
+
+def chat_template(args: argparse.Namespace) -> str | None:
+    """The chat template ``--chat-template`` / ``--chat-template-file`` ask for (None: the GGUF's): the
+    name of one of llama.cpp's built-in formats as it is, a Jinja template's text as it is, else the
+    text of the file it names."""
+    value, path = args.chat_template, args.chat_template_file
+    if value is not None and path is not None:
+        raise CLIError(f"{flag(args, 'chat_template')} and {flag(args, 'chat_template_file')} both name a chat "
+                       "template: give one")
+    if value is None and path is None:
+        return None
+    if value is not None:
+        from ..builtin_templates import builtin_template_names
+
+        if value in builtin_template_names() or any(mark in value for mark in JINJA_MARKS):
+            return value
+        if not Path(value).is_file():
+            raise CLIError(f"{flag(args, 'chat_template')} {value}: no such file, and not one of llama.cpp's built-in "
+                           f"chat templates: {', '.join(builtin_template_names())}")
+        path = Path(value)
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        which = 'chat_template' if value is not None else 'chat_template_file'
+        raise CLIError(f"{flag(args, which)}: cannot read {path}: {e}") from None

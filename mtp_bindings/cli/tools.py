@@ -10,37 +10,39 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from pathlib import Path
 
+from ..exceptions import InvalidParameterError
 from .flags import PROG, USAGE_ERROR, CLIError, error_line, flag
 from .interrupt import Interrupt
-from .session import load, n_ctx
+from .session import chat_template, load, n_ctx
 
 
 def cmd_serve(args: argparse.Namespace, interrupt: Interrupt) -> int:
     """The OpenAI-compatible server (see :mod:`mtp_bindings.server`)."""
     try:
-        from ..server import serve
+        from ..server import bind_socket, serve
     except ImportError as e:
         raise CLIError(f"the server needs the [server] extra (pip install 'mtp-bindings[server]'): {e}") from e
     if args.parallel < 1:
         raise CLIError(f"{flag(args, 'parallel')} must be at least 1, got {args.parallel}")
     if not 0 <= args.port <= 65535:
         raise CLIError(f"{flag(args, 'port')} must be in 0..65535, got {args.port}")
-    template = None
-    if args.chat_template is not None:
-        try:
-            template = Path(args.chat_template).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise CLIError(f"{flag(args, 'chat_template')}: cannot read {args.chat_template}: {e}") from None
+    template = chat_template(args)
     logging.getLogger("mtp_bindings.server").setLevel(logging.DEBUG if args.verbose else logging.INFO)
-    with load(args, interrupt) as model:
-        serve(model, host=args.host, port=args.port, model_name=args.alias, api_key=args.api_key,
+    try:  # the port first: one in use fails now, not after the model has loaded
+        sock = bind_socket(args.host, args.port)
+    except InvalidParameterError as e:
+        raise CLIError(str(e)) from None
+    with sock, load(args, interrupt) as model:
+        serve(model, host=args.host, port=args.port, sock=sock, model_name=args.alias, api_key=args.api_key,
               n_slots=args.parallel, n_ctx=n_ctx(model, args), n_predict=args.n_predict, n_threads=args.threads,
               n_threads_batch=args.threads_batch, type_k=args.cache_type_k, type_v=args.cache_type_v,
               flash_attn=args.flash_attn, chat_template=template,
               draft_n_max=args.draft_n_max, preset=args.preset, depth2=False if args.no_depth2 else None,
-              skip_streak=args.skip_streak, cache_prompt=args.cache_prompt, access_log=args.verbose)
+              skip_streak=args.skip_streak, cache_prompt=args.cache_prompt, access_log=args.verbose,
+              cors_origins=args.cors_origins,
+              embeddings=args.embeddings, pooling=args.pooling, embd_normalize=args.embd_normalize,
+              slot_save_path=args.slot_save_path)
     return 0
 
 

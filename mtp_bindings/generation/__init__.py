@@ -12,7 +12,8 @@ One module per job, each importing only downward (see ARCHITECTURE.md):
 * :mod:`.logprobs` -- the emitted tokens' log-probabilities, from the rows verification has;
 * :mod:`.constraint` -- structured output: a grammar (JSON schema, GBNF) every token follows;
 * :mod:`.prefill` -- the prompt; :mod:`.prompt_cache` -- what a context's KV holds, to reuse a
-  prompt's common prefix; :mod:`.loop` -- the round loop, which only orchestrates;
+  prompt's common prefix; :mod:`.state` -- a sequence saved to a file and restored, drafting
+  drained first and the prompt cache told; :mod:`.loop` -- the round loop, which only orchestrates;
 * :mod:`.text` -- tokens to text pieces; :mod:`.trace` -- the NDJSON acceptance trace;
 * :mod:`.driver` -- the entry points ``generate`` and ``chat``.
 

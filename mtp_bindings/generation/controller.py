@@ -16,8 +16,11 @@ second, ``E(k) / T(k)``:
 
 ``k = 0`` is a plain decode: no drafting graph, no verify rows. While the choice is below ``k_max``
 it drafts one more token now and then (every ``PROBE_MIN``..``PROBE_MAX`` rounds, backing off while
-the probes change nothing), so an estimate that has gone stale can recover. It only changes how
-much is drafted, so the output stays what plain decoding gives. Pure Python.
+the probes change nothing), so an estimate that has gone stale can recover. Between probes a choice
+of 0 stands without being computed again (plain rounds teach nothing about acceptance). Acceptance
+is pooled across the requests on a context by their sampler settings (the same pair accepts far
+less at temperature 1.5 than at 0). It only changes how much is drafted, so the output stays what
+plain decoding gives. Pure Python.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
 # Every constant of the policy, in one place.
@@ -68,8 +71,9 @@ class CostModel:
     host: float | None = None
     # whole rounds by k, start to start: what the parts miss (drafting beside the host's work, contention)
     total: dict[int, float] = field(default_factory=dict)
-    pooled_tried: list[float] = field(default_factory=list)     # per position, drafts reached
-    pooled_accepted: list[float] = field(default_factory=list)  # per position, drafts accepted
+    # acceptance of earlier requests by sampler settings (what is accepted at temperature 0 says little
+    # about 1.5): per position, drafts reached and drafts accepted
+    pools: dict[Hashable, tuple[list[float], list[float]]] = field(default_factory=dict)
 
     def observe(self, c: RoundCost) -> None:
         rows = c.k + 1
@@ -144,26 +148,28 @@ class CostModel:
             out.append(max(self.total[near] + part - near_part, 0.1 * part))
         return out
 
-    def acceptance_prior(self, k_max: int) -> list[float]:
-        """Per position, what earlier requests on this context accepted (a position never reached
-        takes the one before it, the first the prior)."""
+    def acceptance_prior(self, k_max: int, key: Hashable = None) -> list[float]:
+        """Per position, what earlier requests with sampler settings ``key`` accepted on this context
+        (a position never reached takes the one before it, the first the prior)."""
+        tried, accepted = self.pools.get(key, ([], []))
         out: list[float] = []
         for i in range(k_max):
-            if i < len(self.pooled_tried) and self.pooled_tried[i] >= 1.0:
-                out.append(self.pooled_accepted[i] / self.pooled_tried[i])
+            if i < len(tried) and tried[i] >= 1.0:
+                out.append(accepted[i] / tried[i])
             else:
                 out.append(out[-1] if out else ACCEPT_PRIOR)
         return out
 
-    def pool(self, tried: list[int], accepted: list[int]) -> None:
-        """Add a finished request's counts per position (old ones fade past ``POOL_MAX``)."""
+    def pool(self, tried: list[int], accepted: list[int], key: Hashable = None) -> None:
+        """Add a finished request's counts per position to ``key``'s pool (old ones fade past ``POOL_MAX``)."""
+        pooled_tried, pooled_accepted = self.pools.setdefault(key, ([], []))
         for i, (t, a) in enumerate(zip(tried, accepted)):
-            if i >= len(self.pooled_tried):
-                self.pooled_tried.append(0.0)
-                self.pooled_accepted.append(0.0)
-            scale = min(1.0, POOL_MAX / (self.pooled_tried[i] + t)) if t else 1.0
-            self.pooled_tried[i] = (self.pooled_tried[i] + t) * scale
-            self.pooled_accepted[i] = (self.pooled_accepted[i] + a) * scale
+            if i >= len(pooled_tried):
+                pooled_tried.append(0.0)
+                pooled_accepted.append(0.0)
+            scale = min(1.0, POOL_MAX / (pooled_tried[i] + t)) if t else 1.0
+            pooled_tried[i] = (pooled_tried[i] + t) * scale
+            pooled_accepted[i] = (pooled_accepted[i] + a) * scale
 
 
 class Acceptance:
@@ -242,16 +248,20 @@ class FixedCount:
 class AutoCount:
     """``auto``: the count with the most expected tokens per second (see the module's docstring)."""
 
-    def __init__(self, costs: CostModel, k_max: int, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, costs: CostModel, k_max: int, clock: Callable[[], float] = time.perf_counter,
+                 pool_key: Hashable = None) -> None:
         self.clock = clock
         self.costs = costs
         self.k_max = k_max
-        self.acceptance = Acceptance(costs.acceptance_prior(k_max))
+        self.pool_key = pool_key
+        self.acceptance = Acceptance(costs.acceptance_prior(k_max, pool_key))
+        self.drafted = True  # a round with drafts was observed since the last full choice
         self.tried = [0] * k_max
         self.accepted = [0] * k_max
         self.best = 0
         self.since_probe = 0
         self.probe_every = PROBE_MIN
+        self.probe_wait = 0  # rounds an expensive probe waits for, to stay inside the budget
         self.probes = 0
         self.probe_up = True  # probes alternate: one draft more, one fewer (a cost never measured is a guess)
         self.start = clock()
@@ -268,6 +278,12 @@ class AutoCount:
         return self.costs_and_rates()[1]
 
     def choose(self) -> int:
+        if not self.drafted and self.since_probe + 1 < max(self.probe_every, self.probe_wait):
+            # Plain rounds teach nothing about acceptance and only refine T(0): the choice stands until the
+            # next probe is due (on a pair whose decode takes 0.5 ms the full choice was 2-3 % of a round).
+            self.since_probe += 1
+            return self.best
+        self.drafted = False
         costs, rates = self.costs_and_rates()
         best = max(range(len(rates)), key=lambda k: (rates[k], -k))
         if best != self.best:
@@ -283,7 +299,8 @@ class AutoCount:
             return best
         # an expensive probe (drafting on a host-bound pair) waits longer, to cost at most PROBE_BUDGET
         extra = max(costs[probe] - costs[best], 0.0)
-        if self.since_probe < extra / (PROBE_BUDGET * costs[best]):
+        self.probe_wait = math.ceil(extra / (PROBE_BUDGET * costs[best]))
+        if self.since_probe < self.probe_wait:
             return best
         self.since_probe = 0
         self.probe_every = min(2 * self.probe_every, PROBE_MAX)
@@ -303,12 +320,13 @@ class AutoCount:
         self.last = (self.start, cost)
         self.costs.observe(cost)
         self.acceptance.observe(cost.k, n_accepted)
+        self.drafted = self.drafted or cost.k > 0
         for i in range(min(cost.k, n_accepted + 1)):
             self.tried[i] += 1
             self.accepted[i] += i < n_accepted
 
     def finish(self) -> dict[str, Any]:
-        self.costs.pool(self.tried, self.accepted)
+        self.costs.pool(self.tried, self.accepted, self.pool_key)
         c = self.costs
         ms = 1e3
         return {
@@ -326,12 +344,13 @@ class AutoCount:
 COSTS_KEY = "draft_costs"
 
 
-def make_draft_count(ctx: Any, drafting: bool, k_max: int, auto: bool) -> DraftCount:
+def make_draft_count(ctx: Any, drafting: bool, k_max: int, auto: bool, pool_key: Hashable = None) -> DraftCount:
     """The policy of one generation on ``ctx``: ``auto`` up to ``k_max`` with the context's
-    :class:`CostModel`, else ``k_max`` every round (0 when not drafting)."""
+    :class:`CostModel` (acceptance pooled across requests with the same ``pool_key``: their sampler
+    settings), else ``k_max`` every round (0 when not drafting)."""
     if not drafting:
         return FixedCount(0)
     if not auto:
         return FixedCount(k_max)
     costs = ctx.extension(COSTS_KEY, lambda _ctx: CostModel())
-    return AutoCount(costs, k_max)
+    return AutoCount(costs, k_max, pool_key=pool_key)

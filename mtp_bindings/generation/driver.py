@@ -17,8 +17,9 @@ from ..chat_reply import parse_reply
 from ..chat_template import CHAT_TOKENIZE, TEXT_TOKENIZE, ChatOptions, chat_prompt, reply_markers
 from ..context import Context
 from ..env import env_depth2, env_skip_streak, env_trace
-from ..exceptions import ContextOverflowError, InvalidParameterError
+from ..exceptions import ContextOverflowError, InvalidParameterError, NoAssistantError
 from ..model import LlamaModel
+from ..limits import UNTIL_FULL
 from ..params import DraftParams, SamplingParams
 from ..presets import resolve_preset
 from .logprobs import TOP_LOGPROBS_MAX, LogprobRecorder
@@ -96,15 +97,19 @@ def generate(
 ) -> GenerationResult | Iterator[TextPiece]:
     """Generate a continuation of ``prompt`` (text or token ids).
 
-    Sampling: ``temperature`` (0 = greedy), ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``
-    over the last ``repeat_last_n`` tokens, ``presence_penalty``, ``frequency_penalty``, ``seed``,
-    ``logit_bias`` (token id -> added logit); each left None takes
-    :class:`~mtp_bindings.params.SamplingParams`' default, or ``sampling``'s value when a whole
-    ``SamplingParams`` is given.
+    ``max_tokens``: at most this many tokens (-1: until end of text or a full context, llama.cpp's ``-n -1``).
+    Sampling: ``temperature`` (0 = greedy), ``top_k`` (0 or -1: all), ``top_p``, ``min_p``,
+    ``repeat_penalty`` over the last ``repeat_last_n`` tokens (-1: the whole context),
+    ``presence_penalty``, ``frequency_penalty``, ``seed`` (None or -1: a fresh one), ``logit_bias``
+    (token id -> added logit); each left None takes :class:`~mtp_bindings.params.SamplingParams`'
+    default -- llama-server's, the same in every front end: temperature 0.8, top_k 40, top_p 0.95,
+    min_p 0.05, no penalties; pass ``temperature=0`` for greedy decoding -- or ``sampling``'s value
+    when a whole ``SamplingParams`` is given.
     Drafting: ``preset`` (default ``auto``: each round drafts the count, up to ``draft_n_max``,
     with the most expected tokens/s on this context, see :mod:`.controller`; the others are fixed
     counts, see :mod:`mtp_bindings.presets`), or ``draft_n_max`` alone, a fixed count of tokens
-    per round (0 = plain decoding), ``depth2`` overlap (default on; ``LLAMA_PIPELINE_DEPTH2=0`` turns it
+    per round (0 = plain decoding; a model without an assistant decodes plainly by default, and a
+    ``preset`` or ``draft_n_max > 0`` asked of it raises :class:`NoAssistantError`), ``depth2`` overlap (default on; ``LLAMA_PIPELINE_DEPTH2=0`` turns it
     off), ``skip_streak`` threshold (``LLAMA_MTP_SKIP_STREAK_THRESHOLD``), ``trace`` (a path, a
     file, or ``LLAMA_MTP_ACC_TRACE``). Output is lossless: the same distribution as plain
     sampling, and at temperature 0 the same tokens as plain greedy decoding.
@@ -129,11 +134,21 @@ def generate(
     the generation stops (finish_reason ``stop``) when it is complete. Exact: a constrained
     generation with drafting gives what it gives without (at temperature 0 the same tokens).
     An invalid schema or grammar raises :class:`InvalidParameterError` naming the problem.
+    Contexts: ``context`` (one of ``model.create_context()``) is used by this generation alone from
+    its first token to its end, a stream suspended between pieces included; another generation asked
+    of it meanwhile waits its turn if the owner is another thread's whole (non-stream) generation, and
+    raises :class:`~mtp_bindings.exceptions.ContextBusyError` at once if the owner is a stream or on
+    the same thread (a wait there could be endless). Without ``context`` the model lends one of its pool (an idle one, else a fresh one; see
+    :meth:`~mtp_bindings.model.LlamaModel.generation_context`), so overlapping generations -- two
+    streams zipped, a stream kept in a variable while another thread generates -- each get their
+    own, neither waits nor disturbs the other. Its size is the model's ``n_ctx`` setting
+    (``Model(path, n_ctx=8192)``); a prompt that does not fit raises :class:`ContextOverflowError`.
     ``special_tokens``: token ids whose text the output shows even when they are control tokens
     (which render as nothing otherwise); ``chat`` passes a chat format's markers.
     """
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-        raise InvalidParameterError(f"max_tokens must be a non-negative int, got {max_tokens!r}")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < UNTIL_FULL:
+        raise InvalidParameterError(f"max_tokens must be a non-negative int or -1 (until the context is full), "
+                                    f"got {max_tokens!r}")
     if not isinstance(prompt, (str, Sequence, np.ndarray)) or isinstance(prompt, (bytes, bytearray)):
         raise InvalidParameterError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
     sp = sampling_params(sampling, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -142,6 +157,12 @@ def generate(
                          logit_bias=logit_bias)
     logit_bias = sp.logit_bias
     opts = draft_params(draft_n_max, depth2, skip_streak, preset, h_idx, ignore_eos, cache_prompt)
+    if ((draft_n_max or 0) > 0 or (preset is not None and draft_n_max != 0)) and not model.has_assistant:
+        # asked for by name: decoding plainly instead would hide a missing or forgotten assistant
+        raise NoAssistantError(f"drafting was asked for ({'preset=' + repr(preset) if preset is not None else ''}"
+                               f"{'draft_n_max=' + str(draft_n_max) if preset is None else ''}) but {model.path.name} "
+                               "has no MTP assistant: load it with Model(target, assistant=...), or leave preset "
+                               "and draft_n_max out (or draft_n_max=0) to decode plainly")
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
                                  or not 0 <= logprobs <= TOP_LOGPROBS_MAX):
         raise InvalidParameterError(f"logprobs must be an int in 0..{TOP_LOGPROBS_MAX} or None, got {logprobs!r}")
@@ -157,12 +178,17 @@ def generate(
     if not tokens:
         raise InvalidParameterError("the prompt is empty")
     compiled = as_grammar(grammar, json_schema)
-    ctx = context if context is not None else model.generation_context()
-    if len(tokens) >= ctx.n_ctx:
-        raise ContextOverflowError(f"the prompt has {len(tokens)} tokens; the context holds {ctx.n_ctx}")
-    it = _pieces(model, ctx, tokens, sp, max_tokens, stops, opts, env_trace() if trace is None else trace, cancel,
-                 prompt_progress, None if logprobs is None else LogprobRecorder(logprobs),
-                 None if compiled is None else TokenConstraint(model, compiled), special_tokens)
+    n_ctx = model.generation_n_ctx if context is None else context.n_ctx
+    if len(tokens) >= n_ctx:
+        more = f"Model(..., n_ctx=...) sets the contexts generate and chat make (the model was trained on " \
+               f"{model.n_ctx_train})" if context is None else "model.create_context(n_ctx=...) makes a longer one"
+        raise ContextOverflowError(f"the prompt has {len(tokens)} tokens; the context holds {n_ctx}: {more}")
+    sp = sp.resolved(n_ctx)
+    if max_tokens == UNTIL_FULL:
+        max_tokens = n_ctx - len(tokens)
+    it = _pieces(model, context, tokens, sp, max_tokens, stops, opts, env_trace() if trace is None else trace, cancel,
+                 prompt_progress, None if logprobs is None else LogprobRecorder(logprobs, model.token_to_piece),
+                 None if compiled is None else TokenConstraint(model, compiled), special_tokens, stream)
     if stream:
         return it
     pieces = list(it)
@@ -173,11 +199,12 @@ def generate(
                             logprobs=None if logprobs is None else [lp for p in pieces for lp in p.logprobs or []])
 
 
-def _pieces(model: LlamaModel, ctx: Context, prompt: list[int], sp: SamplingParams, max_tokens: int,
+def _pieces(model: LlamaModel, context: Context | None, prompt: list[int], sp: SamplingParams, max_tokens: int,
             stops: list[str], opts: DraftParams, trace: Any, cancel: Callable[[], bool] | None,
             prompt_progress: Callable[[int, int], None] | None = None,
             recorder: LogprobRecorder | None = None,
-            constraint: TokenConstraint | None = None, special_tokens: Collection[int] = ()) -> Iterator[TextPiece]:
+            constraint: TokenConstraint | None = None, special_tokens: Collection[int] = (),
+            stream: bool = True) -> Iterator[TextPiece]:
     stats = GenerationStats(n_prompt=len(prompt))
     tracer = Tracer.open(trace)
     text = TextAssembler(model, stops, special_tokens)
@@ -193,12 +220,26 @@ def _pieces(model: LlamaModel, ctx: Context, prompt: list[int], sp: SamplingPara
 
     watch = on_prompt if prompt_progress is not None or cancel is not None else None
     t0 = time.perf_counter()
-    with ctx.lock:  # one generation at a time on a context
+    # the generation owns its context from here to its end (a suspended stream included): a fresh or
+    # idle one of the model's pool, or the caller's, refused with ContextBusyError if another owns it
+    lease = model.generation_context() if context is None else context.generation_claim(stream)
+    with lease as leased:
+        ctx = leased if context is None else context
         rounds = token_rounds(ctx, prompt, Sampler(sp), max_tokens, opts, stats, tracer,
                               prompt_progress=watch, logprobs=recorder,
                               constraint=constraint) if max_tokens > 0 else iter(())
         try:
-            for toks in rounds:
+            while True:
+                # the context's lock for one round, not across the yield: a caller suspending the
+                # stream must not keep others' plain calls on this context waiting
+                with ctx.generation_round():
+                    toks = next(rounds, None)
+                if toks is None:
+                    if stopped_in_prompt:
+                        finish = "cancelled"
+                    elif stats.hit_eog:
+                        finish = "stop"
+                    break
                 piece = text.feed(toks)
                 lps = None if recorder is None else recorder.take(len(toks))
                 if text.stopped:
@@ -211,17 +252,13 @@ def _pieces(model: LlamaModel, ctx: Context, prompt: list[int], sp: SamplingPara
                     break
                 if piece or toks:
                     yield TextPiece(piece, toks, logprobs=lps)
-            else:
-                if stopped_in_prompt:
-                    finish = "cancelled"
-                elif stats.hit_eog:
-                    finish = "stop"
         except GeneratorExit:
             finish = "cancelled"
             raise
         finally:
             if hasattr(rounds, "close"):
-                rounds.close()
+                with ctx.generation_round():
+                    rounds.close()
             tracer.close()
             stats.t_total = time.perf_counter() - t0
     yield TextPiece(text.flush(), [], stats, finish, logprobs=None if recorder is None else [])
@@ -235,7 +272,10 @@ def chat(model: LlamaModel, messages: Sequence[dict[str, Any]], *, tools: list[d
     ``{"enable_thinking": True}``) passed to the template, and generate the reply. A whole result's
     ``message`` is the reply as OpenAI's assistant message: ``content``, ``reasoning_content`` (the
     thinking channel) and, when ``tools`` were offered, ``tool_calls``; a stream yields the raw text
-    (split it with :class:`mtp_bindings.chat_reply.ReplyStream`)."""
+    (split it with :class:`mtp_bindings.chat_reply.ReplyStream`). Tools offered with a GGUF template
+    that cannot declare them: a Gemma 4 model uses the package's Gemma 4 template, another model's
+    template is used with a logged warning. An assistant's ``content: None`` renders as empty; an
+    image or audio content part raises :class:`~mtp_bindings.exceptions.TextOnlyError`."""
     prompt = chat_prompt(model, messages, ChatOptions(tools, chat_template, chat_template_kwargs or {}))
     for key, value in CHAT_TOKENIZE.items():
         kwargs.setdefault(key, value)

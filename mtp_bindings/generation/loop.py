@@ -7,6 +7,7 @@ draws the next token, the verifier rolls the KV back past it, and the drafter he
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 
@@ -49,10 +50,13 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
     """
     model = ctx.model
     drafting = opts.draft_n_max > 0 and model.has_assistant  # type: ignore[attr-defined]
-    draft_n_max = opts.draft_n_max if drafting else 0
+    # a verify batch is decoded in one piece, so its rows are all there to read: at most n_batch of them
+    draft_n_max = min(opts.draft_n_max, ctx.n_batch - 1) if drafting else 0
     drafter = make_drafter(ctx, drafting, seq_id, opts.depth2, opts.skip_streak)
-    counts = make_draft_count(ctx, drafting, draft_n_max, opts.auto)
-    verifier = Verifier(ctx, seq_id, opts.h_idx, hidden=drafting)
+    # acceptance depends on the sampler's settings (not its seed) and on a grammar: requests alike share a prior
+    pool_key = (repr(dataclasses.replace(sampler.params, seed=None)), constraint is not None)
+    counts = make_draft_count(ctx, drafting, draft_n_max, opts.auto, pool_key)
+    verifier = Verifier(ctx, seq_id, opts.h_idx)
     rejection = RejectionSampler(sampler, constraint)
     trace = tracer.enabled and drafting
     history = list(prompt)
@@ -69,7 +73,6 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
         t = time.perf_counter()
         x = rejection.sample(ctx.logits_view(-1), history)
         stats.t_sample += time.perf_counter() - t
-        h = ctx.get_embeddings(-1) if drafting else None
         attn_pos = len(history) - 1
         if model.is_eog(x) and not opts.ignore_eos:
             stats.hit_eog = True
@@ -82,8 +85,10 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
             stats.hit_eog = True
             yield [x]
             return
-        # each round's k is chosen once, before depth-2 submits its drafting
+        # each round's k is chosen once, before depth-2 submits its drafting; a plain round (k = 0) needs no
+        # hidden state, so none is copied out
         k = plan(counts.choose(), max_tokens - 1, attn_pos, n_ctx)
+        h = ctx.get_embeddings(-1) if k > 0 else None
         drafter.prepare_next(attn_pos, x, h, k)
         yield [x]
         it = 0
@@ -117,7 +122,8 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
             # and the reader of the last yielded piece (woken a whole decode ago) is asleep again. Read just
             # after a yield, that reader is almost always running and looks like load.
             ctx.adapt_threads()
-            h = verifier.accept(attn_pos, len(drafts), n_acc)
+            verifier.accept(attn_pos, len(drafts), n_acc)
+            h_row = verifier.hidden_row(len(drafts), n_acc)
             attn_pos += 1 + n_acc
             accepted = drafts[:n_acc] + [y]
             stats.count_round(len(drafts), n_acc)
@@ -143,6 +149,7 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
             x = y
             if stats.n_generated < max_tokens:
                 k = plan(counts.choose(), max_tokens - stats.n_generated, attn_pos, n_ctx)
+                h = ctx.get_embeddings(h_row) if k > 0 else None  # no decode since verify: the row is there
                 drafter.prepare_next(attn_pos, x, h, k)
             yield accepted
         stats.hit_context_limit = stats.n_generated < max_tokens

@@ -54,7 +54,7 @@ class Sampler:
         """The next-token distribution as (candidate token ids, probabilities), probabilities > 0."""
         p = self.params
         z = self.penalized(logits, history).astype(np.float64)
-        if p.top_k and p.top_k < z.size:
+        if p.top_k > 0 and p.top_k < z.size:  # 0 or -1: all (llama.cpp's)
             ids = np.argpartition(-z, p.top_k - 1)[: p.top_k]
         else:
             ids = np.arange(z.size)

@@ -14,13 +14,12 @@ from ..context import Context
 
 
 class Verifier:
-    """Verifies drafts on ``ctx``'s sequence ``seq_id``; ``hidden``: keep hidden states to draft from."""
+    """Verifies drafts on ``ctx``'s sequence ``seq_id``."""
 
-    def __init__(self, ctx: Context, seq_id: int, h_idx: str, hidden: bool) -> None:
+    def __init__(self, ctx: Context, seq_id: int, h_idx: str) -> None:
         self.ctx = ctx
         self.seq_id = seq_id
         self.h_idx = h_idx
-        self.hidden = hidden
 
     def rows(self, last_token: int, drafts: list[int], attn_pos: int) -> list[np.ndarray]:
         """Decode ``[last_token] + drafts`` after KV position ``attn_pos``; the target's logits rows
@@ -30,11 +29,12 @@ class Verifier:
         self.ctx.decode(batch, pos=attn_pos + 1, seq_id=self.seq_id, logits="all")
         return [self.ctx.logits_view(i) for i in range(len(batch))]
 
-    def accept(self, attn_pos: int, n_drafted: int, n_accepted: int) -> np.ndarray | None:
-        """Keep the first ``n_accepted`` drafts: drop the rejected ones' KV cells, and return the
-        hidden state to draft from next (None when not drafting)."""
+    def accept(self, attn_pos: int, n_drafted: int, n_accepted: int) -> None:
+        """Keep the first ``n_accepted`` drafts: drop the rejected ones' KV cells."""
         if n_accepted < n_drafted:
             self.ctx.seq_rm(self.seq_id, attn_pos + 2 + n_accepted, -1)
-        if not self.hidden:
-            return None
-        return self.ctx.get_embeddings(n_accepted if self.h_idx == "accepted" else n_drafted)
+
+    def hidden_row(self, n_drafted: int, n_accepted: int) -> int:
+        """The batch row whose hidden state the next round drafts from (read it before the next decode,
+        and only when that round drafts)."""
+        return n_accepted if self.h_idx == "accepted" else n_drafted

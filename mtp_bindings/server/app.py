@@ -2,8 +2,12 @@
 
 One job: assemble the app from the server's parts -- :class:`~.handlers.Server` (the state and
 what each route does), the API key dependency (:mod:`.auth`), the request counter
-(:mod:`.metrics`) -- and tie the slot pool's life to the app's (contexts created at startup,
-freed at shutdown).
+(:mod:`.metrics`), CORS as llama-server does it (Starlette's middleware: any origin unless
+``cors_origins`` names some, credentials allowed, preflights answered without the key) -- and tie
+the slot pool's life to the app's (contexts created at startup, freed at shutdown). Routes have
+llama-server's paths and aliases: the OpenAI ones with and without ``/v1``, ``/health`` and
+``/v1/health``, llama-server's native ``/completion`` (alias ``/completions``, its shape, not
+OpenAI's, as there).
 """
 
 from __future__ import annotations
@@ -16,24 +20,30 @@ from typing import Any
 import anyio
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..chat_template import check_template
 from ..exceptions import InvalidParameterError
 from ..limits import SERVER_N_PREDICT
-from ..params import ContextParams, DraftParams
+from ..params import EMBD_NORMALIZE, EMBED_POOLING, ContextParams, DraftParams
 from ..threads import threads_per_slot
 from .auth import BearerKey
-from .errors import APIError
+from .embeddings import EMBEDDING_ROUTES, add_embedding_routes
+from .errors import APIError, ClientGone
 from .handlers import Server
+from .llama_completion import native_completion
 from .metrics import CONTENT_TYPE, RequestCounter
+from .slot_state import add_slot_state_routes
 from .params import DraftDefaults
 
 logger = logging.getLogger(__name__)
 
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/tokenize",
-          "/detokenize", "/props", "/apply-template")
+ROUTES = ("/v1/chat/completions", "/chat/completions", "/v1/completions", "/completion", "/completions",
+          "/v1/models", "/models", "/health", "/v1/health", "/metrics", "/slots",
+          "/tokenize", "/detokenize", "/props", "/apply-template")
+CORS_METHODS = ["GET", "POST", "DELETE", "OPTIONS"]  # llama-server's --cors-methods default
 DEFAULT_N_PREDICT = SERVER_N_PREDICT  # tokens of a request that sets no limit (-1: until the context is full)
 _CONTEXT = ContextParams()  # the library's context defaults
 
@@ -57,6 +67,11 @@ def create_app(
     depth2: bool | None = None,
     skip_streak: int | None = None,
     cache_prompt: bool = DraftParams.cache_prompt,
+    cors_origins: str = "*",
+    embeddings: bool = False,  # serve /v1/embeddings, /embedding(s) (llama-server's --embeddings), pooled so:
+    pooling: str = EMBED_POOLING,
+    embd_normalize: int = EMBD_NORMALIZE,  # what an embedding request that sets none gets
+    slot_save_path: str | None = None,  # llama-server's --slot-save-path: POST /slots/{id}?action=save|restore
 ) -> FastAPI:
     """The FastAPI app serving ``model`` (already loaded, assistant attached or not) as
     ``model_name``. A request that sets no length limit gets at most ``n_predict`` tokens (-1:
@@ -67,7 +82,8 @@ def create_app(
     and freed when it stops; the model stays the caller's. Drafting defaults (``draft_n_max``,
     ``preset``, ``depth2``, ``skip_streak``) are :func:`generate`'s; requests may override
     ``draft_n_max``. ``cache_prompt`` (default on; a request's ``cache_prompt`` overrides it): each
-    slot keeps its last request's KV and decodes only what follows the common prefix."""
+    slot keeps its last request's KV and decodes only what follows the common prefix.
+    ``cors_origins``: llama-server's ``--cors-origins``, comma-separated (``*``: any)."""
     if isinstance(n_slots, bool) or not isinstance(n_slots, int) or not 1 <= n_slots <= 64:
         raise InvalidParameterError(f"n_slots must be an int in 1..64, got {n_slots!r}")
     if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 2:
@@ -106,7 +122,15 @@ def create_app(
     app.state.server = server
     _add_error_handlers(app)
     _add_routes(app, server, BearerKey(api_key))
-    app.add_middleware(RequestCounter, metrics=server.metrics, routes=ROUTES)
+    add_embedding_routes(app, server, BearerKey(api_key), enabled=embeddings, pooling=pooling,
+                         embd_normalize=embd_normalize)
+    add_slot_state_routes(app, server, BearerKey(api_key), save_path=slot_save_path)
+    app.add_middleware(RequestCounter, metrics=server.metrics, routes=ROUTES + EMBEDDING_ROUTES)
+    origins = [o.strip() for o in cors_origins.split(",") if o.strip()]
+    if not origins:
+        raise InvalidParameterError(f"cors_origins must name at least one origin (or '*'), got {cors_origins!r}")
+    app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials=True, allow_methods=CORS_METHODS,
+                       allow_headers=["*"])
     return app
 
 
@@ -115,6 +139,7 @@ def _add_routes(app: FastAPI, server: Server, key: BearerKey) -> None:
     keyed = [Depends(key)]
 
     @app.post("/v1/chat/completions", dependencies=keyed)
+    @app.post("/chat/completions", dependencies=keyed)
     async def chat_completions(request: Request) -> Response:
         return await server.chat_completions(request)
 
@@ -122,9 +147,23 @@ def _add_routes(app: FastAPI, server: Server, key: BearerKey) -> None:
     async def completions(request: Request) -> Response:
         return await server.completions(request)
 
+    @app.post("/completion", dependencies=keyed)
+    @app.post("/completions", dependencies=keyed)
+    async def completion(request: Request) -> Response:
+        return await native_completion(server, request)
+
     @app.get("/v1/models", dependencies=keyed)
+    @app.get("/models", dependencies=keyed)
     async def models() -> dict[str, Any]:
         return server.models()
+
+    @app.get("/v1/models/{model_id:path}", dependencies=keyed)
+    async def model_info(model_id: str) -> dict[str, Any]:
+        return server.model_info(model_id)
+
+    @app.get("/slots", dependencies=keyed)
+    async def slots(fail_on_no_slot: str | None = None) -> list[dict[str, Any]]:
+        return server.slots(bool(fail_on_no_slot))
 
     @app.post("/tokenize", dependencies=keyed)
     async def tokenize(request: Request) -> dict[str, Any]:
@@ -143,6 +182,7 @@ def _add_routes(app: FastAPI, server: Server, key: BearerKey) -> None:
         return server.props()
 
     @app.get("/health")
+    @app.get("/v1/health")
     async def health() -> dict[str, Any]:
         return server.health()
 
@@ -158,6 +198,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it: nginx's "client closed request"
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

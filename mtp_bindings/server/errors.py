@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from ..exceptions import ContextOverflowError, InvalidParameterError, TokenizeError
+from ..exceptions import ContextOverflowError, InvalidParameterError, NoAssistantError, TokenizeError
 
 
 class APIError(Exception):
@@ -50,5 +50,7 @@ def generation_error(e: Exception) -> APIError:
     if isinstance(e, ContextOverflowError):
         return APIError(400, str(e), code="context_length_exceeded")
     if isinstance(e, (InvalidParameterError, TokenizeError)):
+        return APIError(400, str(e), code="invalid_value")
+    if isinstance(e, NoAssistantError):  # drafting asked for of a server started without an assistant
         return APIError(400, str(e), code="invalid_value")
     return APIError(500, f"generation failed: {e}", type="server_error", code=None)

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from ..chat_template import ChatOptions, reply_markers
 from ..exceptions import InvalidParameterError, TokenizeError
 from ..limits import SERVER_N_PREDICT
+from .accounting import TextTokens, token_renderer
 from .errors import APIError, ClientGone, generation_error, shutting_down_error
 from .metrics import ServerMetrics
 from .native_routes import DetokenizeRequest, TokenizeRequest, detokenize_body, props_body, tokenize_body
@@ -53,6 +54,7 @@ class Server:
         self.metrics = ServerMetrics(n_slots, model_name)
         self.pool = SlotPool(model, n_slots, context_kwargs, self.metrics)
         self.created = int(time.time())
+        self._eog_bias: dict[int, float] | None = None
 
     # --- helpers --------------------------------------------------------------------------------
 
@@ -70,6 +72,12 @@ class Server:
         if len(raw) > MAX_BODY_BYTES:
             raise APIError(413, f"the request body exceeds {MAX_BODY_BYTES} bytes", code="request_too_large")
         return parse_body(raw, model)
+
+    def eog_bias(self) -> dict[int, float]:
+        """-inf for every end-of-generation token (looked up once: a scan of the vocabulary)."""
+        if self._eog_bias is None:
+            self._eog_bias = {t: float("-inf") for t in range(self.model.n_vocab) if self.model.is_eog(t)}
+        return self._eog_bias
 
     async def tokens(self, fn: Callable[[], list[int]], param: str) -> list[int]:
         """Tokenize off the event loop; too long for the context is ``context_length_exceeded``."""
@@ -101,18 +109,19 @@ class Server:
 
     # --- the generation endpoints ---------------------------------------------------------------
 
-    async def run(self, request: Request, req: GenerationRequest, tokens: list[int], reply: Reply,
-                  echo: str = "") -> Response:
-        """Queue the generation, wait for its first piece (so errors before any output still get
-        their proper status), then answer streamed or whole."""
+    async def start(self, request: Request, req: GenerationRequest, tokens: list[int],
+                    special: frozenset[int] | tuple[()] = ()) -> tuple[Job, Any, TextTokens]:
+        """Queue the generation and wait for its first piece (so errors before any output still
+        get their proper status); ``special``: tokens whose text is kept (a chat's markers). A
+        client gone before it cancels the job (:class:`ClientGone`, answered 499)."""
         kwargs = generation_kwargs(req, self.draft, len(tokens), self.n_ctx, self.model.n_vocab, self.n_predict)
         grammar = await anyio.to_thread.run_sync(req.requested_grammar)  # compiling a schema can take a while
         if grammar is not None:
             kwargs["grammar"] = grammar
-        if kwargs["logprobs"] is not None:
-            reply.piece, reply.offset = self.model.token_to_piece, len(echo)
-        if reply.chat:  # as Model.chat: the reply's control-token markers as text, to be parsed
-            kwargs["special_tokens"] = reply_markers(self.model)
+        if special:
+            kwargs["special_tokens"] = special
+        if req.ignore_eos:  # as llama-server: its logit_bias gets -inf for every end-of-generation token
+            kwargs["logit_bias"] = {**(kwargs["logit_bias"] or {}), **await anyio.to_thread.run_sync(self.eog_bias)}
         job = Job(tokens, kwargs, asyncio.get_running_loop())
         self.pool.submit(job)
         try:
@@ -123,31 +132,50 @@ class Server:
                 raise generation_error(first)
             if first is END:  # only a job dropped from the queue ends without a piece carrying stats
                 raise APIError(500, "the generation produced nothing", type="server_error")
-            if req.stream:
-                return JobStreamingResponse(events(job, first, reply, req.include_usage, echo), job)
-            return await self.collect(job, request, first, reply, echo)
-        except ClientGone:
-            job.cancel()
-            return Response(status_code=499)
         except BaseException:
-            job.cancel()
+            self.pool.cancel(job)
+            raise
+        return job, first, TextTokens(token_renderer(self.model, special))
+
+    async def run(self, request: Request, req: GenerationRequest, tokens: list[int], reply: Reply,
+                  echo: str = "") -> Response:
+        """Generate for an OpenAI route and answer streamed or whole."""
+        if req.requested_logprobs() is not None:
+            reply.piece, reply.offset = self.model.token_to_piece, len(echo)
+        # as Model.chat: the reply's control-token markers as text, to be parsed
+        special = frozenset(reply_markers(self.model)) if reply.chat else ()
+        job, first, ledger = await self.start(request, req, tokens, special)
+        try:
+            if req.stream:
+                return JobStreamingResponse(events(job, first, reply, req.include_usage, echo, ledger), job)
+            return await self.collect(job, request, first, reply, echo, ledger)
+        except BaseException:
+            self.pool.cancel(job)
             raise
 
-    async def collect(self, job: Job, request: Request, first: Any, reply: Reply, echo: str) -> JSONResponse:
-        pieces = []
+    async def gather(self, job: Job, request: Request, first: Any, ledger: TextTokens) -> tuple[list[Any], list[Any]]:
+        """Every piece of a whole (non-streamed) reply, and the logprobs of the tokens its text holds."""
+        pieces, lps = [], []
         item = first
         while item is not END:
             if isinstance(item, Exception):
                 raise job.error or generation_error(item)
             pieces.append(item)
+            lps += ledger.feed(str(item), item.tokens, item.logprobs)
             item = await self.next_item(job, request)
         if job.error is not None:
             raise job.error
+        lps += ledger.finish()
+        assert pieces[-1].stats is not None
+        return pieces, lps
+
+    async def collect(self, job: Job, request: Request, first: Any, reply: Reply, echo: str,
+                      ledger: TextTokens) -> JSONResponse:
+        pieces, lps = await self.gather(job, request, first, ledger)
         last = pieces[-1]
-        assert last.stats is not None
         text = echo + "".join(pieces)
-        lps = None if reply.piece is None else [lp for p in pieces for lp in p.logprobs or []]
-        return JSONResponse(reply.complete(text, last.stats, last.finish_reason, lps))
+        return JSONResponse(reply.complete(text, last.stats, last.finish_reason,
+                                           None if reply.piece is None else lps, ledger.n_kept))
 
     async def chat_completions(self, request: Request) -> Response:
         req: ChatCompletionRequest = await self.read_body(request, ChatCompletionRequest)
@@ -187,11 +215,36 @@ class Server:
     # --- the others -----------------------------------------------------------------------------
 
     def models(self) -> dict[str, Any]:
+        """OpenAI's model list (with llama-server's ``models`` entry beside ``data``)."""
         m = self.model
         meta = {"n_ctx": self.n_ctx, "n_ctx_train": m.n_ctx_train, "n_vocab": m.n_vocab, "n_params": m.n_params,
                 "size": m.size, "mtp_assistant": m.has_assistant}
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.created,
-                                            "owned_by": "mtp-bindings", "meta": meta}]}
+        ollama = {"name": self.model_name, "model": self.model_name, "type": "model", "capabilities": ["completion"],
+                  "details": {"format": "gguf"}}
+        return {"object": "list", "models": [ollama], "data": [{**self.model_info(self.model_name), "meta": meta}]}
+
+    def model_info(self, model_id: str) -> dict[str, Any]:
+        """OpenAI's ``GET /v1/models/{id}``; an unknown id is a 404 in OpenAI's shape."""
+        if model_id != self.model_name:
+            raise APIError(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "mtp-bindings"}
+
+    def slots(self, fail_on_no_slot: bool = False) -> list[dict[str, Any]]:
+        """llama-server's ``GET /slots``: each slot's state and its latest task (``fail_on_no_slot``:
+        a 503 when none is idle)."""
+        pool = self.pool
+        if fail_on_no_slot and len(pool.active) >= pool.n_slots:
+            raise APIError(503, "no slot available", type="unavailable_error", code="unavailable")
+        speculative = self.props()["default_generation_settings"]["speculative"]
+        out = []
+        for i in range(pool.n_slots):
+            slot: dict[str, Any] = {"id": i, "n_ctx": self.n_ctx, "speculative": speculative,
+                                    "is_processing": i in pool.active}
+            job = pool.last.get(i)
+            if job is not None:
+                slot.update(id_task=job.id, n_prompt_tokens=len(job.tokens))
+            out.append(slot)
+        return out
 
     async def tokenize(self, request: Request) -> dict[str, Any]:
         req: TokenizeRequest = await self.read_body(request, TokenizeRequest)

@@ -17,7 +17,7 @@ from .. import __version__
 from ..chat_template import GEMMA_TEMPLATE
 from ..params import SAMPLING_DEFAULTS
 from ..presets import resolve_preset
-from .params import OPENAI_TEMPERATURE, DraftDefaults
+from .params import DraftDefaults
 from .schemas import _STRICT
 
 BUILD_INFO = f"mtp-bindings-{__version__}"
@@ -72,7 +72,7 @@ def props_body(model: Any, *, model_name: str, n_slots: int, n_ctx: int, n_predi
     n_max = resolve_preset(draft.preset).draft_n_max if draft.draft_n_max is None else draft.draft_n_max
     speculative = bool(model.has_assistant) and n_max > 0
     params = {
-        "n_predict": n_predict, "max_tokens": n_predict, "seed": -1, "temperature": OPENAI_TEMPERATURE,
+        "n_predict": n_predict, "max_tokens": n_predict, "seed": -1, "temperature": d.temperature,
         "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p, "repeat_last_n": d.repeat_last_n,
         "repeat_penalty": d.repeat_penalty, "presence_penalty": d.presence_penalty,
         "frequency_penalty": d.frequency_penalty, "stop": [], "ignore_eos": False, "stream": False,

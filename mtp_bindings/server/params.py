@@ -2,10 +2,10 @@
 with for it.
 
 One job: merge a validated request with the server's settings. Where the request says nothing,
-OpenAI's default applies to ``temperature`` (1: sampling, where the library's own default is
-greedy), the library's defaults (:data:`mtp_bindings.params.SAMPLING_DEFAULTS`) to the others,
-the server's drafting defaults (:class:`DraftDefaults`) to drafting, and the server's
-``n_predict`` is the length of a request that sets no limit.
+the library's defaults (:data:`mtp_bindings.params.SAMPLING_DEFAULTS`, the one set every front
+end shares, ``temperature`` included) apply, the server's drafting defaults
+(:class:`DraftDefaults`) to drafting, and the server's ``n_predict`` is the length of a request
+that sets no limit.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from typing import Any
 from ..params import SAMPLING_DEFAULTS, DraftParams, check_draft_overrides
 from ..presets import resolve_preset
 from .schemas import GenerationRequest
-
-OPENAI_TEMPERATURE = 1.0  # what OpenAI's API samples at when a request sets no temperature
 
 
 @dataclass(frozen=True)
@@ -48,7 +46,7 @@ def generation_kwargs(req: GenerationRequest, draft: DraftDefaults, n_prompt: in
     draft_n_max = req.requested_draft_n_max()
     return dict(
         max_tokens=room if max_tokens is None else min(max_tokens, room),
-        temperature=OPENAI_TEMPERATURE if req.temperature is None else req.temperature,
+        temperature=d.temperature if req.temperature is None else req.temperature,
         top_p=d.top_p if req.top_p is None else req.top_p,
         top_k=d.top_k if req.top_k is None else req.top_k,
         min_p=d.min_p if req.min_p is None else req.min_p,

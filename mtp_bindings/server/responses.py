@@ -42,9 +42,13 @@ def timings(stats: GenerationStats) -> dict[str, Any]:
     }
 
 
-def usage(stats: GenerationStats) -> dict[str, int]:
-    return {"prompt_tokens": stats.n_prompt, "completion_tokens": stats.n_generated,
-            "total_tokens": stats.n_prompt + stats.n_generated}
+def usage(stats: GenerationStats, n_completion: int) -> dict[str, Any]:
+    """OpenAI's ``usage``: ``n_completion`` counts the tokens the returned text holds (see
+    :mod:`.accounting`); as llama-server, ``prompt_tokens_details.cached_tokens`` those the
+    prompt cache kept."""
+    return {"prompt_tokens": stats.n_prompt, "completion_tokens": n_completion,
+            "total_tokens": stats.n_prompt + n_completion,
+            "prompt_tokens_details": {"cached_tokens": stats.n_prompt_cached}}
 
 
 def _finish(reason: str | None, tool_calls: bool = False) -> str:
@@ -88,8 +92,8 @@ class Reply:
         return body
 
     def complete(self, text: str, stats: GenerationStats, finish_reason: str | None,
-                 lps: list[TokenLogprob] | None = None) -> dict[str, Any]:
-        """The non-streaming response."""
+                 lps: list[TokenLogprob] | None, n_completion: int) -> dict[str, Any]:
+        """The non-streaming response (``n_completion``: the tokens the text holds)."""
         if self.chat:
             reply = parse_reply(text, tools=self.tools, prefix=self.prefix)
             choice = {"index": 0, "message": reply.message(), "logprobs": self.logprobs(lps),
@@ -97,7 +101,7 @@ class Reply:
         else:
             choice = {"index": 0, "text": text, "logprobs": self.logprobs(lps), "finish_reason": _finish(finish_reason)}
         body = self._envelope("chat.completion" if self.chat else "text_completion", [choice])
-        body.update(usage=usage(stats), timings=timings(stats))
+        body.update(usage=usage(stats, n_completion), timings=timings(stats))
         return body
 
     def stream(self) -> ReplyStream | None:
@@ -127,14 +131,14 @@ class Reply:
         return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
 
     def final_chunks(self, stats: GenerationStats, finish_reason: str | None,
-                     include_usage: bool) -> list[dict[str, Any]]:
+                     include_usage: bool, n_completion: int) -> list[dict[str, Any]]:
         """The closing chunk(s): with ``include_usage``, OpenAI's extra usage chunk (no choices)
         follows the finish chunk; either way the last chunk carries ``usage`` and ``timings``."""
         last = self.chunk(None if self.chat else "", finish_reason=finish_reason)
         if not include_usage:
-            last.update(usage=usage(stats), timings=timings(stats))
+            last.update(usage=usage(stats, n_completion), timings=timings(stats))
             return [last]
         tail = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
-        tail.update(usage=usage(stats), timings=timings(stats))
+        tail.update(usage=usage(stats, n_completion), timings=timings(stats))
         return [last, tail]
 

@@ -14,6 +14,7 @@ in OpenAI's -100..100, at most 16 stop strings, one choice.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 from dataclasses import fields
@@ -87,7 +88,10 @@ class GenerationRequest(BaseModel):
     model_config = _STRICT
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    # llama-server's bounds for all three (its n_predict and the two aliases): -1 is the server's limit,
+    # 0 generates nothing (the prompt is still decoded into the slot's cache)
+    max_tokens: int | None = Field(None, ge=-1)
+    max_completion_tokens: int | None = Field(None, ge=-1)  # OpenAI's newer name; llama-server takes it everywhere
     n_predict: int | None = Field(None, ge=-1)
     temperature: float | None = _sampling("temperature", hi=OPENAI_TEMPERATURE_MAX)
     top_p: float | None = _sampling("top_p")
@@ -111,6 +115,7 @@ class GenerationRequest(BaseModel):
     response_format: ResponseFormat | None = None  # structured output (see structured.py)
     grammar: str | None = None  # llama-server's: GBNF (or Lark)
     json_schema: dict[str, Any] | None = None  # llama-server's: a JSON schema
+    ignore_eos: bool | None = None  # llama-server's: end-of-generation tokens banned (a logit bias, as there)
     cache_prompt: bool | None = None  # llama-server's: reuse the slot's KV of the common prefix (None: the server's)
 
     @field_validator("n")
@@ -153,12 +158,11 @@ class GenerationRequest(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
     def requested_max_tokens(self) -> int | None:
-        """``max_tokens`` (or llama-server's ``n_predict``; -1 = unbounded); None = until the
-        context is full."""
-        if self.max_tokens is not None:
-            return self.max_tokens
-        if self.n_predict is not None and self.n_predict >= 0:
-            return self.n_predict
+        """The first given of ``n_predict``, ``max_completion_tokens``, ``max_tokens`` (llama-server's
+        order); None (nothing given, or -1): the server's limit."""
+        for limit in (self.n_predict, self.max_completion_tokens, self.max_tokens):
+            if limit is not None:
+                return None if limit < 0 else limit
         return None
 
     def requested_logprobs(self) -> int | None:
@@ -260,7 +264,6 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=LOGPROBS_MAX)
     tools: list[ToolDef] | None = None
@@ -275,11 +278,6 @@ class ChatCompletionRequest(GenerationRequest):
             raise APIError(400, "top_logprobs: needs logprobs set to true", param="top_logprobs",
                            code="invalid_value")
         return None
-
-    def requested_max_tokens(self) -> int | None:
-        if self.max_completion_tokens is not None:
-            return self.max_completion_tokens
-        return super().requested_max_tokens()
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         """``tools`` for the chat template (None when there are none)."""
@@ -324,6 +322,12 @@ class CompletionRequest(GenerationRequest):
         if v:
             raise ValueError("suffix (insertion) is not supported by this server")
         return v
+
+
+@functools.cache
+def request_field_names(model: type[BaseModel]) -> frozenset[str]:
+    """The top-level fields (names and aliases) a request model implements."""
+    return frozenset(n for name, f in model.model_fields.items() for n in (name, f.alias) if n)
 
 
 def _field_names(*models: type[BaseModel]) -> frozenset[str]:
@@ -374,7 +378,7 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
         data = json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as e:
         raise APIError(400, f"could not parse the request body as JSON: {e}", code="invalid_json") from None
-    refuse_unsupported(data)
+    refuse_unsupported(data, request_field_names(model))
     try:
         return model.model_validate(data)
     except ValidationError as e:

@@ -12,6 +12,7 @@ follows the longest common token prefix (the prompt cache, :mod:`~mtp_bindings.g
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import queue
 import threading
@@ -30,6 +31,7 @@ from .metrics import ServerMetrics
 logger = logging.getLogger(__name__)
 
 END = object()  # put on a job's queue after its last piece (or its error)
+_JOB_IDS = itertools.count()
 
 
 class Job:
@@ -44,6 +46,8 @@ class Job:
         self._cancel = threading.Event()
         self.checked_at = time.monotonic()  # when the handler last checked the client was there
         self.error: APIError | None = None  # why the server (not the client) stopped it
+        self.slot = -1  # the slot that took it (-1: none yet)
+        self.id = next(_JOB_IDS)  # llama-server's id_task
 
     def cancel(self) -> None:
         """Stop the generation at its next round (idempotent; a no-op once it has finished)."""
@@ -84,6 +88,7 @@ class SlotPool:
         self.contexts: list[Any] = []
         self.threads: list[threading.Thread] = []
         self.active: dict[int, Job] = {}
+        self.last: dict[int, Job] = {}  # each slot's latest job (running or done), for /slots
         self.closing: APIError | None = None  # set when the server stops: new jobs are refused with it
 
     def start(self) -> None:
@@ -107,6 +112,17 @@ class SlotPool:
             self.pending.append(job)
             self._dispatch()
 
+    def cancel(self, job: Job) -> None:
+        """Stop ``job``: one still queued leaves the queue now, so that ``/health`` and the metrics
+        stop counting it (a client gone while queued); one running stops at its next round."""
+        job.cancel()
+        with self._lock:
+            try:
+                self.pending.remove(job)
+            except ValueError:  # a slot has it (or had it)
+                return
+        self.metrics.job_skipped()
+
     def _dispatch(self) -> None:
         """Hand waiting jobs to free slots, in order (under ``_lock``)."""
         while self.pending and self.idle:
@@ -114,6 +130,21 @@ class SlotPool:
             slot = max(self.idle, key=lambda i: cached_prefix(self.contexts[i], job.tokens))  # ties: the first
             self.idle.remove(slot)
             self.inboxes[slot].put(job)
+
+    def try_reserve(self, slot: int) -> Any | None:
+        """Slot ``slot``'s context, taken off the free list so that no job starts on it until
+        :meth:`release` (its state is being saved or restored); None while a job runs there."""
+        with self._lock:
+            if slot not in self.idle:
+                return None
+            self.idle.remove(slot)
+            return self.contexts[slot]
+
+    def release(self, slot: int) -> None:
+        """Give a slot :meth:`try_reserve` took back to the jobs."""
+        with self._lock:
+            self.idle.append(slot)
+            self._dispatch()
 
     def abort_all(self, error: APIError) -> None:
         """The server is stopping: refuse new jobs, answer the queued ones with ``error`` now and
@@ -164,7 +195,8 @@ class SlotPool:
                     job.put(END)
                     continue
                 self.metrics.job_started()
-                self.active[slot] = job
+                job.slot = slot
+                self.active[slot] = self.last[slot] = job
                 try:
                     self._execute(ctx, job)
                 finally:

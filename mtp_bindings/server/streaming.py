@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi.responses import StreamingResponse
 
+from .accounting import TextTokens
 from .errors import generation_error
 from .responses import Reply
 from .slots import END, Job
@@ -24,9 +25,12 @@ def sse(payload: dict[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-async def events(job: Job, first: Any, reply: Reply, include_usage: bool, echo: str) -> AsyncIterator[bytes]:
+async def events(job: Job, first: Any, reply: Reply, include_usage: bool, echo: str,
+                 ledger: TextTokens) -> AsyncIterator[bytes]:
     """SSE chunks: the opening (role / echoed prompt), text deltas, the close and ``[DONE]``.
-    An error after the stream started is sent as an error event after the text so far."""
+    An error after the stream started is sent as an error event after the text so far. A token's
+    logprob goes out with the chunk after its text has (``ledger``): one holding a stop string
+    never does."""
     splitter = reply.stream()
     if reply.chat:
         yield sse(reply.chunk("", role=True))
@@ -37,23 +41,27 @@ async def events(job: Job, first: Any, reply: Reply, include_usage: bool, echo: 
         if isinstance(item, Exception):
             yield sse((job.error or generation_error(item)).body())
             return
+        released = ledger.feed(str(item), item.tokens, item.logprobs)
+        if item.stats is not None:
+            released += ledger.finish()
+        lps = released if reply.piece is not None else None
         if splitter is None:
-            if item or item.logprobs:  # a piece may hold back its text, not its tokens' logprobs
-                yield sse(reply.chunk(str(item), lps=item.logprobs))
+            if item or released:
+                yield sse(reply.chunk(str(item), lps=lps))
         else:  # content, reasoning and tool calls; text that may start a marker waits for the next piece
             delta = splitter.feed(str(item))
             if item.stats is not None:
                 end = splitter.finish()
                 delta.content, delta.reasoning = delta.content + end.content, delta.reasoning + end.reasoning
                 delta.tool_calls += end.tool_calls
-            if delta or item.logprobs:
-                yield sse(reply.chunk(delta.content, lps=item.logprobs, reasoning=delta.reasoning,
+            if delta or released:
+                yield sse(reply.chunk(delta.content, lps=lps, reasoning=delta.reasoning,
                                       tool_calls=delta.tool_calls))
         if item.stats is not None:
             if job.error is not None:  # stopped by the server: say why instead of a normal end
                 yield sse(job.error.body())
                 return
-            for chunk in reply.final_chunks(item.stats, item.finish_reason, include_usage):
+            for chunk in reply.final_chunks(item.stats, item.finish_reason, include_usage, ledger.n_kept):
                 yield sse(chunk)
         item = await job.items.get()
     yield sse("[DONE]")

@@ -1,66 +1,162 @@
-"""Request fields this server does not implement but that would change the output: refused by
-name, never silently ignored (issue 16, item 6).
+"""The one table of request fields this server does not implement: each is refused by name
+(it would change the output) or is a documented no-op hint (issue 16, item 6; issue 26, item 4).
 
 One job: look at a request body before it is validated and answer 400 ``unsupported_parameter``,
-naming the field, when it asks for something the generation would not do -- forced tool calls
-(``tool_choice`` other than ``auto``/``none``), llama-server's ``n_probs``, llama.cpp samplers we
-do not have.
-A value that asks for nothing (``null``, ``false``, ``0``, an empty list or object, the sampler's
-own "off" value) passes, since clients send defaults. Structured output (``response_format``,
-``grammar``, ``json_schema``) is implemented: :mod:`.structured` reads it.
-Any other unknown field is a hint (``user``, ``service_tier``, ``store``, ``metadata``,
-``id_slot``, ...) and is ignored; the README's server section lists them.
+naming the field, when it asks for something the generation would not do (a chat message's image,
+audio or file part included: the model takes text only). Every request field
+llama-server reads at our pin (``tools/server/server-schema.cpp`` and the OpenAI parsers in
+``server-common.cpp``) is either a field of the route's request model (:mod:`.schemas`:
+implemented), in :data:`REFUSED`, or in :data:`HINTS`; ``tests/test_server_fields.py`` walks the
+pinned source to keep it so. A field a route's model implements is never refused on that route
+(``n_probs`` and ``return_tokens`` are llama-server's ``/completion`` fields; the OpenAI routes
+have ``logprobs`` instead).
+
+A refused field's "off" value passes, since clients send defaults: ``null`` always, and either
+the entry's own ``off`` values or, without them, ``false`` / ``0`` / ``""`` / ``[]`` / ``{}``.
+Any field in neither table nor a model (``user``, ``service_tier``, ``store``, ``metadata``, ...)
+is an OpenAI-side hint and is ignored, since OpenAI clients send extras.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import APIError
 
-# field -> what it would ask for (said in the error)
-UNSUPPORTED: dict[str, str] = {
-    "functions": "function calls",
-    "function_call": "function calls",
-    "n_probs": "token probabilities",
-    "mirostat": "the mirostat sampler",
-    "typical_p": "locally typical sampling",
-    "dynatemp_range": "dynamic temperature",
-    "xtc_probability": "the XTC sampler",
-    "dry_multiplier": "the DRY sampler",
-    "top_n_sigma": "top-n-sigma sampling",
-    "samplers": "a custom sampler chain",
-    "ignore_eos": "generating past end-of-text",
-    "lora": "LoRA adapters",
+_NEGATIVE_OFF = "negative"  # an ``off`` marker: any negative number asks for nothing
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """What a refused field would ask for (said in the error) and the values that ask for nothing
+    (None: false / 0 / "" / [] / {}; ``null`` always passes)."""
+
+    what: str
+    off: tuple[Any, ...] | None = None
+    partial: bool = False  # a route's model takes only the off values: checked on that route too
+
+
+REFUSED: dict[str, Refusal] = {
+    # OpenAI's
+    "functions": Refusal("function calls (use tools)"),
+    "function_call": Refusal("function calls (use tools)"),
+    "tool_choice": Refusal("forcing a tool call (only 'auto' and 'none')", ("auto", "none"), partial=True),
+    "modalities": Refusal("output other than text", (["text"], [])),
+    "audio": Refusal("audio output"),
+    "prediction": Refusal("predicted outputs"),
+    "reasoning_effort": Refusal("a reasoning effort (use chat_template_kwargs)"),
+    "echo": Refusal("echoing the prompt (text completions only)"),
+    # llama-server's: samplers we do not have
+    "n_probs": Refusal("token probabilities in llama-server's shape (use logprobs / top_logprobs)"),
+    "post_sampling_probs": Refusal("post-sampling probabilities"),
+    "mirostat": Refusal("the mirostat sampler"),
+    "typical_p": Refusal("locally typical sampling", (1.0,)),
+    "dynatemp_range": Refusal("dynamic temperature"),
+    "xtc_probability": Refusal("the XTC sampler"),
+    "dry_multiplier": Refusal("the DRY sampler"),
+    "top_n_sigma": Refusal("top-n-sigma sampling", (_NEGATIVE_OFF,)),
+    "adaptive_target": Refusal("the adaptive-p sampler", (_NEGATIVE_OFF,)),
+    "min_keep": Refusal("a minimum of tokens kept by the samplers"),
+    "samplers": Refusal("a custom sampler chain"),
+    "lora": Refusal("LoRA adapters"),
+    "grammar_lazy": Refusal("a lazily triggered grammar"),
+    "grammar_triggers": Refusal("grammar triggers"),
+    "preserved_tokens": Refusal("preserved tokens of a lazy grammar"),
+    # llama-server's: length, prompt and response controls
+    "n_cmpl": Refusal("several completions per request", (1,)),
+    "t_max_predict_ms": Refusal("a time limit on generation", (0, -1)),
+    "n_keep": Refusal("keeping prompt tokens on a context shift (this server never shifts)", (0, -1)),
+    "n_indent": Refusal("a minimum line indentation"),
+    "return_tokens": Refusal("token ids in the response (llama-server's /completion has them)"),
+    "return_progress": Refusal("prompt progress events"),
+    "timings_per_token": Refusal("timings in every chunk (the last one has them)"),
+    "response_fields": Refusal("a subset of the response's fields"),
+    "continue_final_message": Refusal("continuing the last assistant message"),
+    "add_generation_prompt": Refusal("a prompt without the assistant's turn", (True,)),
+    "reasoning_format": Refusal("a reasoning format other than the split into reasoning_content",
+                                ("auto", "deepseek")),
+    "reasoning_budget_tokens": Refusal("a reasoning budget", (-1,)),
+    "thinking_budget_tokens": Refusal("a reasoning budget", (-1,)),
+    "reasoning_control": Refusal("reasoning control"),
 }
-# the value of a field that asks for nothing, beyond null / false / 0 / [] / {}
-NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "typical_p": (1.0,),
-    "top_n_sigma": (-1.0,),
-    "tool_choice": ("none", "auto"),
+
+# field -> why ignoring it changes nothing in the returned text (the README's server section lists them)
+HINTS: dict[str, str] = {
+    "id_slot": "the slot: requests go to the free slot holding the longest prefix of their prompt",
+    "verbose": "debug output",
+    "sse_ping_interval": "keep-alive comments between stream events",
+    "n_discard": "tokens dropped on a context shift; this server never shifts (an overflow is a 400)",
+    "n_cache_reuse": "KV-shift cache reuse: speed only (the prompt cache keeps the common prefix)",
+    "backend_sampling": "where sampling runs: speed only",
+    "speculative.n_min": "a drafting bound: speculative decoding changes the speed, not the text",
+    "speculative.p_min": "a drafting bound: speculative decoding changes the speed, not the text",
+    "speculative.type": "the draft type: speculative decoding changes the speed, not the text",
+    "speculative.ngram_size_n": "n-gram drafting, which this server does not use",
+    "speculative.ngram_size_m": "n-gram drafting, which this server does not use",
+    "speculative.ngram_min_hits": "n-gram drafting, which this server does not use",
+    "mirostat_tau": "tunes mirostat, which is refused when switched on",
+    "mirostat_eta": "tunes mirostat, which is refused when switched on",
+    "xtc_threshold": "tunes XTC, which is refused when switched on",
+    "dynatemp_exponent": "tunes dynamic temperature, which is refused when switched on",
+    "dry_base": "tunes DRY, which is refused when switched on",
+    "dry_allowed_length": "tunes DRY, which is refused when switched on",
+    "dry_penalty_last_n": "tunes DRY, which is refused when switched on",
+    "dry_sequence_breakers": "tunes DRY, which is refused when switched on",
+    "adaptive_decay": "tunes adaptive-p, which is refused when switched on",
+    "reasoning_budget_start_tag": "tunes the reasoning budget, which is refused when set",
+    "reasoning_budget_end_tags": "tunes the reasoning budget, which is refused when set",
+    "reasoning_budget_end_tag": "tunes the reasoning budget, which is refused when set",
+    "reasoning_budget_message": "tunes the reasoning budget, which is refused when set",
+    "chat_format": "set by llama-server's chat route from the template; this server reads the template",
+    "chat_parser": "set by llama-server's chat route from the template; this server reads the template",
+    "generation_prompt": "set by llama-server's chat route from the template; this server reads the template",
+    "parse_tool_calls": "set by llama-server's chat route; tool calls are parsed when tools are offered",
+    "message_delimiters": "set by llama-server's chat route from the template; this server reads the template",
 }
 
 
-def refuse_unsupported(body: Any) -> None:
+def refuse_unsupported(body: Any, implemented: Collection[str] = ()) -> None:
     """Raise a 400 :class:`APIError` naming the first field of ``body`` (a decoded JSON object)
-    that asks for something this server does not do."""
+    that asks for something this server does not do; fields in ``implemented`` (the route's
+    request model's) are the model's to check."""
     if not isinstance(body, dict):
         return
-    for name, what in UNSUPPORTED.items():
-        value = body.get(name)
-        if _asks_for_something(name, value):
-            raise APIError(400, f"{name}: {what} is not supported by this server", param=name,
-                           code="unsupported_parameter")
-    if body.get("tool_choice") is not None and not _neutral("tool_choice", body["tool_choice"]):
-        raise APIError(400, "tool_choice: forcing a tool call is not supported by this server (only 'auto' and "
-                            "'none')", param="tool_choice", code="unsupported_parameter")
+    for name, refusal in REFUSED.items():
+        if (name in implemented and not refusal.partial) or body.get(name) is None or _off(refusal, body[name]):
+            continue
+        raise APIError(400, f"{name}: {refusal.what} is not supported by this server", param=name,
+                       code="unsupported_parameter")
+    _refuse_media(body.get("messages"))
 
 
-def _asks_for_something(name: str, value: Any) -> bool:
-    return value is not None and not _neutral(name, value)
+def _refuse_media(messages: Any) -> None:
+    """A chat message part that is not text (an image, audio, a file): this model reads text only."""
+    if not isinstance(messages, list):
+        return
+    for i, msg in enumerate(messages):
+        parts = msg.get("content") if isinstance(msg, dict) else None
+        for j, part in enumerate(parts if isinstance(parts, list) else []):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind != "text":
+                where = f"messages.{i}.content.{j}"
+                raise APIError(400, f"{where}: this model takes text only (a {kind!r} part cannot be read)",
+                               param=where, code="unsupported_parameter")
 
 
-def _neutral(name: str, value: Any) -> bool:
-    if value is False or (type(value) in (int, float) and value == 0) or value == [] or value == {}:
+def _off(refusal: Refusal, value: Any) -> bool:
+    if refusal.off is None:
+        return value is False or value == "" or value == [] or value == {} or \
+            (type(value) in (int, float) and value == 0)
+    if _NEGATIVE_OFF in refusal.off and type(value) in (int, float) and value < 0:
         return True
-    return value in NEUTRAL.get(name, ())
+    return any(_same(value, v) for v in refusal.off if v != _NEGATIVE_OFF)
+
+
+def _same(value: Any, off: Any) -> bool:
+    """JSON equality: ``1`` is ``1.0``, but ``true`` is not ``1``."""
+    numbers = (int, float)
+    if type(value) in numbers and type(off) in numbers:
+        return value == off
+    return type(value) is type(off) and value == off
