@@ -240,7 +240,7 @@ def test_generate_with_rpc_flag_reaches_the_model(tmp_path: Path, trained_paths:
     with rpc_workers(1, tmp_path) as (endpoint,):
         out = subprocess.run(_serve_command() + ["generate", "-m", str(target), "-md", str(assistant), "-p", PROMPT,
                                                  "-n", str(N_TOKENS), "--spec-draft-n-max", str(DRAFT_N_MAX),
-                                                 "-t", "1", "--rpc", endpoint, "-ngl", "99", "--json"],
+                                                 "-t", "1", "--temp", "0", "--rpc", endpoint, "-ngl", "99", "--json"],
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         log = next(tmp_path.glob("rpc-server-*.log")).read_text(errors="replace")
