@@ -20,7 +20,7 @@ from fixture_paths import BUNDLED, fixture_path
 
 TIERS: dict[str, tuple[str, ...]] = {
     "pure": ("test_import_graph.py", "test_params.py", "test_patch_series.py", "test_sampling.py", "test_backends.py",
-             "test_gemma4_chat.py", "test_draft_controller.py"),
+             "test_gemma4_chat.py", "test_draft_controller.py", "test_agreement.py"),
     "capi": ("test_c_api.py", "test_c_api_stateful.py", "test_struct_layout.py", "test_native_errors.py",
              "test_matmul_few_columns.py", "test_vector_tanh.py", "test_malformed_files.py", "test_shared_cpu.py",
              "test_threads.py", "test_cpu_variants.py"),
@@ -28,7 +28,7 @@ TIERS: dict[str, tuple[str, ...]] = {
                  "test_bad_input.py"),
     "generation": ("test_generate.py", "test_speculative.py", "test_logprobs.py", "test_hf_reference.py",
                    "test_upstream_parity.py", "test_soak.py", "test_scale_pair.py", "test_structured_output.py",
-                   "test_auto_draft.py"),
+                   "test_auto_draft.py", "test_loop_rule.py"),
     "tools": ("test_cli.py", "test_cli_compat.py", "test_cli_chat.py",
               "test_front_door.py", "test_examples.py", "test_bench_smoke.py", "test_build.py",
               "test_placement_flags.py", "test_sdist.py"),

@@ -1,5 +1,6 @@
-"""Our build computes what Hugging Face transformers computes: greedy tokens equal HF's exactly and
-teacher-forced logits agree within a tolerance justified below, for every fixture target.
+"""Our build computes what Hugging Face transformers computes: teacher-forced logits agree within a
+tolerance justified below (TOL["ours_vs_hf"] in tests/numerics.py), and greedy tokens equal HF's up to the
+near-tie rule for it, for every fixture target.
 
 Tolerance: the fixtures are F32 GGUFs and the comparison runs with flash attention off, so the
 remaining differences are accumulation order and ggml's CPU GELU, which goes through an fp16
@@ -9,8 +10,9 @@ the fixtures: position 0 (no attention mixing) differs by <= 8e-3, later positio
 (PLE target), i.e. <= 6% of the logits' standard deviation (~2.4), and the per-position KL
 divergence between HF's and our next-token distributions is <= 7e-4 nats. We allow 0.25 absolute
 and 2e-3 nats: a real port error (a dropped norm, scalar or RoPE variant) moves logits by O(1) and
-the KL by orders of magnitude more. Greedy tokens are compared exactly (the generator re-seeds
-until top-1/top-2 gaps are clear).
+the KL by orders of magnitude more. The fixture generator re-seeds until HF's top-1/top-2 gaps are at
+least 7.9e-3, which is less than twice these differences: greedy tokens may part wherever the two
+best lie within 2 x 0.25 on our row (measured: no parting on the native build, haswell or zen4).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import pytest
 
 from fixture_paths import TARGETS, fixture_path, reference_path
 from mtp_bindings import Model
+from numerics import TOL, assert_agree, forced_rows
 
-LOGIT_ATOL = 0.25
+LOGIT_ATOL = TOL["ours_vs_hf"].value
 KL_MAX = 2e-3
 
 
@@ -38,7 +41,7 @@ def target(request):
         yield name, m, np.load(reference_path(name))
 
 
-def test_greedy_tokens_equal_hf(target):
+def test_greedy_tokens_agree_with_hf(target):
     name, model, ref = target
     i = 0
     with model.create_context(n_ctx=256, flash_attn="off") as ctx:
@@ -46,7 +49,9 @@ def test_greedy_tokens_equal_hf(target):
             prompt = ref[f"greedy{i}_prompt"].tolist()
             want = ref[f"greedy{i}_tokens"].tolist()
             got = ctx.generate_greedy(prompt, len(want), stop_at_eog=False)
-            assert got == want, f"{name} prompt {i}"
+            if got != want:  # HF's rows are not stored: the rule is symmetric, ours (teacher-forced) serve
+                rows = forced_rows(ctx, prompt, got)
+                assert_agree(want, got, rows.__getitem__, TOL["ours_vs_hf"], f"{name} prompt {i}")
             i += 1
     assert i > 0
 

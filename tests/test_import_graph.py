@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 PURE_MODULES = ("params", "limits", "presets", "env", "exceptions", "chat_reply", "template_env", "gemma4_template",
                 "turns", "hub",
                 "_backends",
-                "generation.sampling",
+                "generation.sampling", "generation.agreement",
                 "generation.rejection", "generation.stats", "generation.results", "generation.text",
                 "generation.trace")
 

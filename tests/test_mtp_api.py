@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fixture_paths import PAIRS, fixture_path, reference_path
+from numerics import TOL
 from mtp_bindings import (
     AssistantLoadError,
     InvalidParameterError,
@@ -18,17 +19,17 @@ from mtp_bindings import (
     MTPError,
     NoAssistantError,
 )
+from mtp_bindings.generation.agreement import gap, is_near_tie
 from mtp_bindings.gguf_tools import rewrite_gguf, to_design_layout, verify_assistant
 from mtp_bindings.low_level import ffi, lib
 from mtp_bindings.mtp import graph_stats, session_of
 
 # Draft logits vs HF, each step fed HF's own inputs: the same fp16-GELU-table effect as the target
-# (see test_hf_reference.py), measured <= 0.16 on logits (std ~2.4) and <= 0.09 on the projected h
-# over all fixtures and steps; a port error (wrong position, KV layer, norm or centroid routing)
-# is O(1) or more.
-DRAFT_LOGIT_ATOL = 0.25
-DRAFT_H_ATOL = 0.15
-H_ATOL = 0.2
+# (see test_hf_reference.py); the measured bases are in tests/numerics.py. A port error (wrong position,
+# KV layer, norm or centroid routing) is O(1) or more.
+DRAFT_LOGIT_ATOL = TOL["draft_logits_vs_hf"].value
+DRAFT_H_ATOL = TOL["draft_h_vs_hf"].value
+H_ATOL = TOL["h_prev_vs_hf"].value
 
 
 def _prefill(model: Model, ctx, prompt: list[int]) -> tuple[int, np.ndarray, int]:
@@ -199,9 +200,9 @@ def test_each_draft_step_matches_hf(name):
                 err = np.abs(logits[0] - want_logits[k]).max()
                 assert err <= DRAFT_LOGIT_ATOL, (name, i, k, err)
                 np.testing.assert_allclose(h_out, projected[k], atol=DRAFT_H_ATOL, rtol=0)
-                top2 = np.sort(want_logits[k])[-2:]
-                if top2[1] - top2[0] > 2 * err:  # then the argmax cannot differ: the in-graph one must agree
-                    assert int(d[0]) == int(want_tokens[k]), (name, i, k)
+                # the in-graph argmax may differ from HF's only at a near-tie for this row's measured difference
+                if int(d[0]) != int(want_tokens[k]):
+                    assert is_near_tie(gap(want_logits[k], int(want_tokens[k]), int(d[0])), err), (name, i, k)
             i += 1
         assert i > 0
 

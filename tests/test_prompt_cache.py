@@ -12,18 +12,19 @@ import pytest
 
 from mtp_bindings import Model
 from mtp_bindings.chat_template import CHAT_TOKENIZE, render_chat
-from mtp_bindings.generation.prompt_cache import PromptCache, common_prefix
-from test_server import KEY, TIMEOUT_S, server  # noqa: F401  (the loopback server fixture)
+from mtp_bindings.generation.prompt_cache import common_prefix
+from numerics import TOL, assert_agree, forced_rows
+from test_server import KEY, TIMEOUT_S, ref_chat, reference, server  # noqa: F401  (the loopback server fixtures)
 
 TURNS = ["Write a function that parses command line arguments.", "Now add a --verbose flag.",
          "Explain the code.", "Make it a class.", "Add type hints.", "Write a test for it.",
          "What about errors?", "Add logging.", "Shorten it.", "Summarise what we did."]
 MAX_TOKENS = 40
-# ggml's CPU kernels are not batch-invariant (see the README's exactness note): a cached prefix's KV
-# was computed in other batch splits (the last prompt's batches, the reply's verify batches) than an
-# uncached run's, so logits may differ by as much (3.0e-3 measured on the random fixtures; the
-# trained pair was bit-identical over a 10-turn chat). Greedy outputs may part only at such a near-tie.
-NEAR_TIE = 5e-3
+# A cached prefix's KV was computed in other batch splits (the last prompt's batches, the reply's verify
+# batches) than an uncached run's, and a prompt batch of more than 8 tokens is outside the batch-invariant
+# kernels: greedy outputs agree by the near-tie rule for TOL["prompt_batch"] (tests/numerics.py), judged on
+# the uncached run's rows. (Measured: identical with this f16 KV cache on every variant this machine runs.)
+PROMPT_BATCH = TOL["prompt_batch"]
 
 
 @pytest.fixture(scope="module")
@@ -78,29 +79,25 @@ def test_tenth_turn_decodes_only_the_new_tokens(chat_runs: dict[str, Any]) -> No
     assert cached[0].stats.n_prompt_cached == 0  # a fresh context has nothing to reuse
 
 
-def _assert_same_greedy(model: Any, prompt: list[int], a: list[int], b: list[int]) -> None:
-    """``a`` equals ``b``, or they part only where ``b``'s top two logits are a near-tie."""
-    if a == b:
-        return
-    j = common_prefix(a, b)
-    assert j < min(len(a), len(b)), f"lengths differ: {len(a)} vs {len(b)}"
+def _assert_agree(model: Any, prompt: list[int], cached: list[int], uncached: list[int]) -> Any:
+    """``cached`` equals ``uncached``, or they part first at a near-tie of the uncached run's row (replayed
+    by teacher forcing: a fresh context, the prompt as prefill decodes it, then the uncached tokens)."""
+    if cached == uncached:
+        return None
     with model.create_context(n_ctx=2048, n_threads=1) as ctx:
-        history = prompt + b[:j]
-        ctx.decode(history, pos=0, logits="last")
-        logits = ctx.get_logits(-1)
-    gap = abs(float(logits[a[j]] - logits[b[j]]))
-    assert gap < NEAR_TIE, f"cached chose {a[j]} where uncached chose {b[j]} (token {j}), logit gap {gap:.3g}"
+        rows = forced_rows(ctx, prompt, uncached)
+    return assert_agree(uncached, cached, rows.__getitem__, PROMPT_BATCH, "cached vs uncached")
 
 
-def test_cached_turns_equal_the_uncached_ones(trained_model: Any, chat_runs: dict[str, Any]) -> None:
+def test_cached_turns_agree_with_the_uncached_ones(trained_model: Any, chat_runs: dict[str, Any]) -> None:
     for prompt, c, u in zip(chat_runs["prompts"], chat_runs["cached"], chat_runs["uncached"]):
         assert u.stats.n_prompt_cached == 0
-        _assert_same_greedy(trained_model, prompt, c.tokens, u.tokens)
+        _assert_agree(trained_model, prompt, c.tokens, u.tokens)
 
 
 def test_mtp_acceptance_is_unchanged_by_the_cache(chat_runs: dict[str, Any]) -> None:
     turns = [(c.stats, u.stats) for c, u in zip(chat_runs["cached"], chat_runs["uncached"])
-             if c.tokens == u.tokens]  # a near-tie parting (none measured) would change what is drafted
+             if c.tokens == u.tokens]  # a near-tie parting (none measured) changes what is drafted after it
     assert len(turns) >= 8
     for c, u in turns:
         assert (c.n_drafted, c.n_accepted) == (u.n_drafted, u.n_accepted)
@@ -137,38 +134,26 @@ def test_a_kv_edit_forgets_the_cache(trained_model: Any) -> None:
     assert after_rm.stats.n_prompt_cached == 0 and after_clear.stats.n_prompt_cached == 0
 
 
-class _SlidingContext:
-    """A context whose sliding-window cache let positions below ``pos_min`` go. Our contexts keep
-    the full SWA cache (llama.cpp's default ``swa_full``), so this never happens with them; the
-    guard is for the KV memories that do (llama-server's default)."""
-
-    def __init__(self, n_swa: int, pos_min: int, pos_max: int) -> None:
-        self.model = type("M", (), {"n_swa": n_swa})()
-        self.pos_min, self.pos_max = pos_min, pos_max
-
-    def on_kv_edit(self, callback: Any) -> None:
-        pass
-
-    def seq_pos_min(self, seq_id: int) -> int:
-        return self.pos_min
-
-    def seq_pos_max(self, seq_id: int) -> int:
-        return self.pos_max
-
-
-def test_a_rollback_past_the_sliding_window_decodes_everything() -> None:
-    held = list(range(400))
-    cache = PromptCache(_SlidingContext(n_swa=16, pos_min=300, pos_max=399))  # type: ignore[arg-type]
-    cache.store(0, held)
-    # a token at position 30 attends to 15..29, which are gone: nothing can be kept
-    assert cache.reusable(0, held[:30] + [-1, -2]) == 0
-    # appending: the new token at 400 attends to 385..399, all there
-    assert cache.reusable(0, held + [-1]) == 400
-    assert cache.reusable(0, held[:320] + [-1]) == 320  # 305..319 are there too
-    assert PromptCache(_SlidingContext(0, 0, 399)).reusable(0, [1]) == 0  # nothing held
+def test_a_rollback_past_the_sliding_window_still_reuses_the_prefix(trained_model: Any) -> None:
+    # Our contexts keep the full sliding-window cache (llama.cpp's swa_full default): after a generation
+    # far past the window (n_swa 64) every position is still held, so a prompt that parts early keeps its
+    # prefix. (PromptCache's guard for a cache that let cells go is for KV memories we never create; the
+    # fake context that used to test it here tested a path the package does not reach.)
+    model = trained_model
+    assert 0 < model.n_swa < 200
+    prompt = model.tokenize("def parse_args(argv):\n")
+    with _context(model) as ctx:
+        first = model.generate(prompt, max_tokens=300, context=ctx, draft_n_max=3, ignore_eos=True, temperature=0)
+        held = prompt + first.tokens[:-1]
+        assert ctx.seq_pos_min(0) == 0 and ctx.seq_pos_max(0) == len(held) - 1
+        again = model.generate(held[:30] + held[:2], max_tokens=4, context=ctx, draft_n_max=3, temperature=0)
+        fresh = model.generate(held[:30] + held[:2], max_tokens=4, context=ctx, draft_n_max=3, temperature=0,
+                               cache_prompt=False)
+    assert again.stats.n_prompt_cached == 30 and fresh.stats.n_prompt_cached == 0
+    _assert_agree(model, held[:30] + held[:2], again.tokens, fresh.tokens)
 
 
-def test_a_server_slot_reuses_its_previous_prompt(server: Any) -> None:  # noqa: F811
+def test_a_server_slot_reuses_its_previous_prompt(server: Any, reference: Any) -> None:  # noqa: F811
     messages = [{"role": "user", "content": "Write a function that reverses a string."}]
     body: dict[str, Any] = {"messages": messages, "max_tokens": 16, "temperature": 0}
     before = server.metrics()
@@ -182,6 +167,9 @@ def test_a_server_slot_reuses_its_previous_prompt(server: Any) -> None:  # noqa:
     assert t2["cache_n"] >= first["usage"]["prompt_tokens"], (t1, t2)
     assert t2["cache_n"] + t2["prompt_n"] == second["usage"]["prompt_tokens"]
     assert t3["cache_n"] == 0 and t3["prompt_n"] == off["usage"]["prompt_tokens"]
-    assert off["choices"][0]["message"]["content"] == second["choices"][0]["message"]["content"]
+    # the uncached reply is the in-process uncached run's exactly (one computation); cached against uncached
+    # is the near-tie rule's, which needs the token rows an HTTP reply does not carry: the in-process tests above
+    ref = ref_chat(reference, messages, max_tokens=16, cache_prompt=False)
+    assert off["choices"][0]["message"]["content"] == ref.text
     cached = server.metrics()["mtp_prompt_tokens_cached_total"] - before["mtp_prompt_tokens_cached_total"]
     assert cached == t1["cache_n"] + t2["cache_n"]

@@ -147,6 +147,8 @@ def test_greedy_tokens_equal_the_local_run(rpc_runs: dict[str, Any], local_runs:
     # Over RPC the weights are held as stored (no repacked CPU layouts on a remote buffer): the local run
     # to match is the one with repack=False (llama-server's --no-repack)
     local = local_runs[False]
+    # exact: the remote runs the same CPU kernels on the same (unrepacked) weights, and MTP's verify rows
+    # are one-token decodes' rows (tests/numerics.py)
     assert rpc_runs["plain"].tokens == local["plain"].tokens
     assert rpc_runs["mtp"].tokens == local["mtp"].tokens
     assert local["plain"].tokens == local["mtp"].tokens  # MTP is lossless locally too
@@ -238,7 +240,7 @@ def test_generate_with_rpc_flag_reaches_the_model(tmp_path: Path, trained_paths:
     with rpc_workers(1, tmp_path) as (endpoint,):
         out = subprocess.run(_serve_command() + ["generate", "-m", str(target), "-md", str(assistant), "-p", PROMPT,
                                                  "-n", str(N_TOKENS), "--spec-draft-n-max", str(DRAFT_N_MAX),
-                                                 "-t", "1", "--rpc", endpoint, "-ngl", "99", "--json", "--temp", "0"],
+                                                 "-t", "1", "--temp", "0", "--rpc", endpoint, "-ngl", "99", "--json"],
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         log = next(tmp_path.glob("rpc-server-*.log")).read_text(errors="replace")

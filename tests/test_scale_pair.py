@@ -12,25 +12,28 @@ import numpy as np
 import pytest
 
 from mtp_bindings import InvalidParameterError, Model
+from mtp_bindings import _scale_check
 from mtp_bindings._scale_check import first_drafts, greedy_run, pad_probability
+from numerics import TOL, assert_agree
 from mtp_bindings.gguf_tools import read_summary, verify_assistant
 from mtp_bindings.scale_pair import BUNDLED, ScaleConfig, main, scale_pair
 
 SMALL = ScaleConfig.small()
 PROMPTS = ["def main(argv):\n", "import os\nimport sys\n", "class Queue:\n    def __init__(self):",
            "    return self._data[key]\n", "for i in range(10):\n    print(i)\n"]
-N_GREEDY = 24
+N_GREEDY = 32
 N_TRAINED_VOCAB = 1024
 
-# Tolerance on target logits. Both files hold the same f16 weight values and compute the same
-# function; what differs is float rounding: V's weightless RMSNorm over a k-times wider head gives
-# sqrt(k) V, which the f16 KV cache rounds at other values than the trained V (2^-11 relative),
-# dot products over zero-padded rows accumulate in another order, and the rescaled norm weights and
-# wider heads' RoPE angles differ by ~1e-7 relative. Measured on this configuration: 4.5e-3 with the
-# default f16 KV cache, 5.6e-4 with an f32 one; for scale, the trained target alone differs by
-# 1.5e-3 between decoding a prompt at once and token by token. A construction error (a norm off by
-# sqrt(2), RoPE pairs at the wrong frequency, a head in the wrong K/V group) moves logits by 0.1-10.
-LOGIT_TOL = 1e-2
+# Tolerance on target logits: TOL["scaled_vs_trained"] (tests/numerics.py; the value is scale-pair --check's own
+# LOGIT_TOL). Both files hold the same f16 weight values and compute the same function; what differs is float
+# rounding: V's weightless RMSNorm over a k-times wider head gives sqrt(k) V, which the f16 KV cache rounds at
+# other values than the trained V (2^-11 relative), dot products over zero-padded rows accumulate in another
+# order (the more so with wider SIMD: AVX-512 is the worst measured), and the rescaled norm weights and wider
+# heads' RoPE angles differ by ~1e-7 relative. A construction error (a norm off by sqrt(2), RoPE pairs at the
+# wrong frequency, a head in the wrong K/V group) moves logits by 0.1-10. Greedy runs of the two part where
+# the trained target's two best tokens are that close (measured: a gap of 3.4e-5 at token 2 under haswell),
+# so logits are compared teacher-forced and tokens by the near-tie rule.
+LOGIT_TOL = TOL["scaled_vs_trained"]
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +44,23 @@ def built(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runs(built):
-    """Greedy runs of every prompt on the trained target and on the scaled f16 target."""
+    """Greedy runs of every prompt on the trained target and on the scaled f16 target, and the scaled
+    target's logits with the trained run's tokens fed (teacher forcing)."""
     pair, _ = built
     out = {}
     for name, path in (("trained", BUNDLED / "trained-target.gguf"), ("scaled", pair.target["f16"])):
         with Model(path) as m, m.create_context(n_ctx=256, embeddings=True, n_threads=2) as ctx:
             out[name] = [greedy_run(ctx, m.tokenize(p), N_GREEDY) for p in PROMPTS]
+            if name == "scaled":
+                out["forced"] = [greedy_run(ctx, m.tokenize(p), 0, forced=t.tokens)
+                                 for p, t in zip(PROMPTS, out["trained"])]
     return out
+
+
+def _chosen_from(run):
+    """The row of a greedy run each of its tokens was chosen from, padded to the scaled vocabulary."""
+    first = run.logits.shape[0] - len(run.tokens) - 1
+    return lambda j: np.concatenate([run.logits[first + j], np.full(SMALL.vocab - N_TRAINED_VOCAB, -np.inf)])
 
 
 def test_scaled_files_have_the_new_shapes(built):
@@ -64,18 +77,21 @@ def test_scaled_files_have_the_new_shapes(built):
     assert read_summary(pair.target["q4_K"]).type_counts.get("Q4_K", 0) > 0
 
 
-def test_scaled_target_logits_equal_the_trained_ones(runs):
+def test_the_tests_tolerance_is_scale_pair_checks():
+    assert LOGIT_TOL.value == _scale_check.LOGIT_TOL
+
+
+def test_scaled_target_logits_equal_the_trained_ones_teacher_forced(runs):
     worst = 0.0
-    for trained, scaled in zip(runs["trained"], runs["scaled"]):
-        assert scaled.logits.shape[1] == SMALL.vocab
-        diff = np.abs(trained.logits - scaled.logits[:, :N_TRAINED_VOCAB]).max()
-        worst = max(worst, float(diff))
-    assert worst <= LOGIT_TOL, f"max logit difference {worst:.3g}"
+    for trained, forced in zip(runs["trained"], runs["forced"]):
+        assert forced.logits.shape == (trained.logits.shape[0], SMALL.vocab)
+        worst = max(worst, float(np.abs(trained.logits - forced.logits[:, :N_TRAINED_VOCAB]).max()))
+    assert worst <= LOGIT_TOL.value, f"max logit difference {worst:.3g} ({LOGIT_TOL.basis})"
 
 
-def test_scaled_target_greedy_tokens_are_identical(runs):
+def test_scaled_target_greedy_tokens_agree_with_the_trained_ones(runs):
     for prompt, trained, scaled in zip(PROMPTS, runs["trained"], runs["scaled"]):
-        assert scaled.tokens == trained.tokens, prompt
+        assert_agree(trained.tokens, scaled.tokens, _chosen_from(trained), LOGIT_TOL, prompt)
 
 
 def test_scaled_target_hidden_state_is_the_trained_one_padded(runs):
@@ -95,29 +111,36 @@ def test_no_padding_token_gets_probability_above_1e_6(runs, built):
 
 
 @pytest.mark.parametrize("head", ["dense", "centroid"])
-def test_scaled_assistant_drafts_equal_the_trained_ones(built, head):
+def test_scaled_assistant_drafts_agree_with_the_trained_ones(built, head):
     pair, _ = built
     files = {"trained": (BUNDLED / "trained-target.gguf", BUNDLED / "trained-assistant.gguf"),
              "scaled": (pair.target["f16"], getattr(pair, head)["f16"])}
     drafts = {}
+    x = None
     for name, (t, a) in files.items():
         with Model(t, assistant=a) as m, m.create_context(n_ctx=256, embeddings=True, n_threads=2) as ctx:
-            drafts[name] = [first_drafts(ctx, m.tokenize(p), 4)[0] for p in PROMPTS]
-    assert drafts["scaled"] == drafts["trained"]
-    assert all(d < N_TRAINED_VOCAB for ds in drafts["scaled"] for d in ds)
+            if x is None:  # both assistants draft after the trained target's greedy token
+                x = [greedy_run(ctx, m.tokenize(p), 1).tokens[0] for p in PROMPTS]
+            drafts[name] = [first_drafts(ctx, m.tokenize(p), 4, x=xi) for p, xi in zip(PROMPTS, x)]
+    for prompt, (want, _, rows), (got, _, _) in zip(PROMPTS, drafts["trained"], drafts["scaled"]):
+        padded = lambda j, rows=rows: np.concatenate([rows[j], np.full(SMALL.vocab - N_TRAINED_VOCAB, -np.inf)])  # noqa: E731
+        assert_agree(want, got, padded, LOGIT_TOL, (head, prompt))
+        assert all(d < N_TRAINED_VOCAB for d in got)
 
 
 @pytest.mark.parametrize("head", ["dense", "centroid"])
-def test_mtp_generation_on_the_scaled_pair_accepts_like_the_trained_pair(built, head):
+def test_mtp_generation_on_the_scaled_pair_accepts_like_the_trained_pair(built, runs, head):
     pair, _ = built
     results = {}
     for name, (t, a) in {"trained": (BUNDLED / "trained-target.gguf", BUNDLED / "trained-assistant.gguf"),
                          "scaled": (pair.target["f16"], getattr(pair, head)["f16"])}.items():
         with Model(t, assistant=a) as m:
-            results[name] = [m.generate(p, max_tokens=32, temperature=0.0, draft_n_max=3) for p in PROMPTS[:3]]
-    for trained, scaled in zip(results["trained"], results["scaled"]):
-        assert scaled.tokens == trained.tokens
-        assert scaled.stats.accepted_per_position == trained.stats.accepted_per_position
+            results[name] = [m.generate(p, max_tokens=N_GREEDY, temperature=0.0, draft_n_max=3) for p in PROMPTS[:3]]
+    for prompt, run, trained, scaled in zip(PROMPTS, runs["trained"], results["trained"], results["scaled"]):
+        # each pair's MTP output is its own plain greedy output exactly; between the pairs the near-tie rule
+        a = assert_agree(trained.tokens, scaled.tokens, _chosen_from(run), LOGIT_TOL, (head, prompt))
+        if a.identical:  # a parted history drafts from other contexts: acceptance is comparable only without one
+            assert scaled.stats.accepted_per_position == trained.stats.accepted_per_position, prompt
 
 
 def test_quantized_files_still_hold_padding_tokens_down(built):
@@ -126,7 +149,7 @@ def test_quantized_files_still_hold_padding_tokens_down(built):
             m.create_context(n_ctx=256, embeddings=True, n_threads=2) as ctx:
         run = greedy_run(ctx, m.tokenize(PROMPTS[0]), 8)
         assert pad_probability(run.logits, N_TRAINED_VOCAB) <= 1e-6
-        drafts, _ = first_drafts(ctx, m.tokenize(PROMPTS[0]), 4)
+        drafts, _, _ = first_drafts(ctx, m.tokenize(PROMPTS[0]), 4)
         assert all(d < N_TRAINED_VOCAB for d in drafts)
 
 
@@ -165,3 +188,16 @@ def test_f16_files_written_only_to_be_quantized_are_removed(tmp_path):
     pair = scale_pair(SMALL, types=("q8_0",), cache_dir=tmp_path, threads=2, progress=False)
     assert all(p.is_file() for p in pair.paths())
     assert not list(pair.directory.glob("*-f16.gguf"))
+
+
+def test_scale_pair_check_passes_on_the_small_configuration(built):
+    # the product's comparison (scale-pair --check) on the same files: teacher-forced logits, tokens by the
+    # near-tie rule; its report names any parting
+    from mtp_bindings._scale_check import check, format_report
+
+    pair, _ = built
+    report = check(pair, SMALL, "f16", n_threads=2)
+    text = format_report(report)
+    assert report["ok"], text
+    assert report["max_logit_diff"] <= _scale_check.LOGIT_TOL and report["greedy_agree"] == report["prompts"]
+    assert all(line in text for line in report["partings"])

@@ -41,6 +41,7 @@ def test_chat_json_schema_with_the_openai_client(server: Server, reference: Any)
     choice = resp.choices[0]
     assert choice.finish_reason == "stop"
     _valid(choice.message.content)
+    # exact: the server's drafting and the in-process plain run are one computation (tests/numerics.py)
     assert choice.message.content == ref_chat(reference, CHAT, max_tokens=N, draft_n_max=0, json_schema=SCHEMA).text
 
 

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from fixture_paths import PAIRS, fixture_path
+from numerics import assert_same_tokens
 from mtp_bindings import Model
 from mtp_bindings.generation.rejection import RejectionSampler
 
@@ -23,13 +24,8 @@ PROMPTS = ["def main(argv):\n", "import os\nimport sys\n", "class Queue:\n    de
 def assert_same_greedy(plain, spec, label) -> None:
     """``spec`` equals ``plain`` token for token: a verify batch rounds each row as the one-token decode
     it stands for (patches 0101, 0104, 0105, 0108-0111: every CPU kernel of a decode is batch-invariant), so
-    MTP at temperature 0 is plain greedy decoding exactly, near-ties included."""
-    if spec.tokens != plain.tokens:
-        j = next((i for i, (a, b) in enumerate(zip(plain.tokens, spec.tokens)) if a != b),
-                 min(len(plain.tokens), len(spec.tokens)))
-        raise AssertionError(f"{label}: MTP parts from plain greedy at token {j} "
-                             f"({spec.tokens[j:j + 1]} vs {plain.tokens[j:j + 1]}, lengths {len(spec.tokens)} "
-                             f"and {len(plain.tokens)})")
+    MTP at temperature 0 is plain greedy decoding exactly, near-ties included (tests/numerics.py)."""
+    assert_same_tokens(plain.tokens, spec.tokens, f"{label}: MTP vs plain greedy")
 
 
 @pytest.fixture(scope="module", params=list(PAIRS))

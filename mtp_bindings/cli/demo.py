@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..generation.agreement import first_parting, gap
 from .flags import PROG, CLIError, flag
 from .generate import stats_line
 from .interrupt import Interrupt
@@ -23,7 +24,7 @@ DEMO_N_PREDICT = 256
 DEMO_PAIRS = ("e2b", "tiny")
 DEMO_WTYPE = "q4_K"
 # Greedy MTP equals plain greedy exactly: every CPU kernel of a decode of 1..8 tokens rounds each row as a
-# one-token decode does (patches 0101, 0104, 0108-0110), so a parting is a defect, reported with the logit gap
+# one-token decode does (patches 0101, 0104, 0108-0111), so a parting is a defect, reported with the logit gap
 # of plain's two candidates at that token.
 
 
@@ -47,17 +48,17 @@ def cmd_demo(args: argparse.Namespace, interrupt: Interrupt) -> int:
                 results[label] = model.generate(args.prompt, context=ctx, max_tokens=args.n_predict,
                                                 draft_n_max=n, preset=args.preset, temperature=0)
             plain, mtp = results["plain"], results["mtp"]
-            parting = next((i for i, (a, b) in enumerate(zip(plain.tokens, mtp.tokens)) if a != b), None)
-            gap = None if parting is None else _plain_gap(model, ctx, args.prompt, plain.tokens, mtp.tokens, parting)
+            parting = first_parting(plain.tokens, mtp.tokens)
+            lead = None if parting is None else _plain_gap(model, ctx, args.prompt, plain.tokens, mtp.tokens, parting)
     print(mtp.text)
     print()
     for label, r in results.items():
         print(stats_line(label, r.stats))
     speed = mtp.stats.tokens_per_second / plain.stats.tokens_per_second if plain.stats.tokens_per_second else 0.0
-    if parting is None and len(plain.tokens) == len(mtp.tokens):
+    if parting is None:
         print(f"\nidentical output: yes   MTP speed vs plain: {speed:.2f}x")
         return 0
-    why = f"they part at token {parting}" + ("" if gap is None else f", where plain's token leads MTP's by {gap:.4f}")
+    why = f"they part at token {parting}" + ("" if lead is None else f", where plain's token leads MTP's by {lead:.4f}")
     print(f"\nidentical output: NO ({why})\nMTP speed vs plain: {speed:.2f}x")
     return 1
 
@@ -69,8 +70,7 @@ def _plain_gap(model: Any, ctx: Any, prompt: str, plain: list[int], mtp: list[in
     if at >= len(mtp):
         return None
     model.generate(prompt, context=ctx, max_tokens=at + 1, draft_n_max=0, temperature=0)
-    row = ctx.logits_view(-1)
-    return float(row[plain[at]] - row[mtp[at]])
+    return gap(ctx.logits_view(-1), plain[at], mtp[at])
 
 
 def _e2b_pair() -> tuple[Path, Path]:
