@@ -259,12 +259,18 @@ class MTPContext(Context):
             self._check_seq(seq_id)
             return session_of(self).submit(seq_id, attn_pos, last_token, h_prev, n_steps)
 
+    # a count given to set_mtp_threads, which generations then keep (None: they choose, see MTPDrafter)
+    draft_threads: int | None = None
+
     def set_mtp_threads(self, n_threads: int | None) -> None:
         """Threads of asynchronous MTP drafting (:meth:`decode_mtp_async`): a count, or None for
         the automatic one (the CPUs this context's threads leave free, 1 where fewer than 2 are: the
-        target may decode meanwhile). :meth:`decode_mtp` always uses the context's threads."""
+        target may decode meanwhile). :meth:`decode_mtp` always uses the context's threads. A count
+        is kept by the generations on this context (llama.cpp's ``-td``); with None each generation
+        drafts with the context's threads while it waits for the draft."""
         with self._lock:
             set_worker_threads(self, n_threads)
+            self.draft_threads = n_threads
 
     def attach_mtp_threadpool(self, pool: ThreadPool) -> None:
         """Asynchronous MTP drafting computes on ``pool``'s threads (their count replaces

@@ -78,8 +78,11 @@ def write_report(result: dict[str, Any], out_dir: Path) -> Path:
         if ident:
             lines += ["Identical output at temperature 0 (all systems, all runs, vs ours plain):", ""]
             for i in ident:
-                status = "identical" if i["identical"] else "**differs**: " + ", ".join(
-                    f"{m['system']} from token {m['first_difference']}" for m in i["mismatches"][:8])
+                status = "identical" if i["identical"] else (
+                    "agrees (near-ties only)" if i.get("agrees") else "**differs**") + ": " + ", ".join(
+                    f"{m['system']} from token {m['first_difference']}" + (
+                        f" ({m['parting']['why']})" if (m.get("parting") or {}).get("near_tie") else "")
+                    for m in i["mismatches"][:8])
                 lines.append(f"* {i['kv']}, {i['n_out']} tokens ({i['compared']} outputs, by {i['by']}): {status}")
             lines.append("")
         nz = sec.get("noise")

@@ -186,6 +186,8 @@ def session(args: argparse.Namespace, interrupt: Interrupt) -> Iterator[tuple[An
     with load(args, interrupt) as model:
         with interrupt.deferred(second_raises=False):
             ctx = model.create_context(**context_kwargs(args, model))
+            if getattr(args, "draft_threads", None) is not None and model.has_assistant:
+                ctx.set_mtp_threads(args.draft_threads)  # -td, kept by every generation on ctx
         with ctx:
             if interrupt.requested:
                 raise KeyboardInterrupt

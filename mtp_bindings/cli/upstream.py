@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..params import THREADS_MAX, valid_thread_count
 from .flags import CLIError, flag
 
 # common/speculative.cpp's common_speculative_type_from_name_map at the pin: every name llama.cpp takes
@@ -79,8 +80,8 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
                    help=f"llama.cpp's smallest draft kept (default {N_MIN_OFF}): met by a fixed count "
                         "(--spec-draft-n-max) of at least N; refused with --preset auto")
     p.add_argument("-td", "--spec-draft-threads", "--threads-draft", dest="draft_threads", type=int, default=None,
-                   metavar="N", help="llama.cpp's draft threads: MTP drafting computes with the compute threads "
-                                     "(-t), so only -td N beside -t N (the same count) is accepted")
+                   metavar="N", help="llama.cpp's draft threads: the threads MTP drafts with while the target "
+                                     "waits for the draft (default: as -t); serve takes only -t's count")
     p.add_argument("--jinja", dest="jinja", action="store_true", default=True,
                    help="accepted for llama.cpp's command lines; changes nothing: the chat template (the "
                         "GGUF's, or --chat-template's) is always rendered with Jinja")
@@ -120,14 +121,16 @@ def check_draft_n_min(args: argparse.Namespace) -> None:
 
 
 def check_draft_threads(args: argparse.Namespace) -> None:
-    """``-td N``: MTP drafting computes with the context's compute threads (each round waits for its
-    draft before the next decode, so it takes the threads the target would use;
-    :class:`~mtp_bindings.generation.drafter.MTPDrafter`), so ``-td`` is honoured only when it says
-    the same as ``-t``; any other count is refused rather than ignored."""
+    """``-td N``: the threads of MTP drafting while the target waits for a draft (the context's
+    :meth:`~mtp_bindings.mtp.MTPContext.set_mtp_threads`, kept by its generations). ``generate`` and
+    ``chat`` honour any count; ``serve``'s slots share the CPUs by a rule of their own
+    (:mod:`mtp_bindings.threads`), so there only the count of ``-t`` is accepted, any other refused
+    rather than ignored."""
     n = getattr(args, "draft_threads", None)
     if n is None or wants_mtp(args) is False:
         return
-    if args.threads is None or n != args.threads:
-        raise CLIError(f"{flag(args, 'draft_threads')} {n}: not supported: MTP drafting computes with the compute "
-                       f"threads, {flag(args, 'threads')} N (each round waits for its draft); -td N is accepted "
-                       "beside -t N, the same count")
+    if not valid_thread_count(n):
+        raise CLIError(f"{flag(args, 'draft_threads')} {n}: must be an int in 1..{THREADS_MAX}")
+    if args.command == "serve" and (args.threads is None or n != args.threads):
+        raise CLIError(f"{flag(args, 'draft_threads')} {n}: not supported by serve: a slot drafts with its compute "
+                       f"threads, {flag(args, 'threads')} N; -td N is accepted beside -t N, the same count")

@@ -14,6 +14,8 @@ One module per job, each importing only downward (see ARCHITECTURE.md):
 * :mod:`.prefill` -- the prompt; :mod:`.prompt_cache` -- what a context's KV holds, to reuse a
   prompt's common prefix; :mod:`.state` -- a sequence saved to a file and restored, drafting
   drained first and the prompt cache told; :mod:`.loop` -- the round loop, which only orchestrates;
+* :mod:`.controller` -- how many tokens each round drafts (a fixed count, or ``auto``);
+* :mod:`.agreement` -- when two computations' greedy tokens agree (the near-tie rule), teacher-forced rows;
 * :mod:`.text` -- tokens to text pieces; :mod:`.trace` -- the NDJSON acceptance trace;
 * :mod:`.driver` -- the entry points ``generate`` and ``chat``.
 
