@@ -38,7 +38,10 @@ import decode_scaling as ds  # noqa: E402  (its variant environment)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPTS = ["def parse_args(argv):\n", "The history of the old city begins", "Ingredients:\n1."]
-TEMPERATURES = {"0": {"temperature": 0.0}, "0.7": {"temperature": 0.7}, "1.5": {"temperature": 1.5, "top_k": 0}}
+# 0.7 with the sampling defaults users get (llama-server's: top_k 40, top_p 0.95, min_p 0.05); 1.5 with no
+# truncation at all, the worst case for drafting
+TEMPERATURES = {"0": {"temperature": 0.0}, "0.7": {"temperature": 0.7},
+                "1.5": {"temperature": 1.5, "top_k": 0, "top_p": 1.0, "min_p": 0.0}}
 FIXED = (1, 2, 3, 4)
 PAIR_TOKENS = {"e2b": 96, "tiny": 256}
 PAIR_PROMPTS = {"e2b": 2, "tiny": 3}

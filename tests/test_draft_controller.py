@@ -32,10 +32,11 @@ class Machine:
     sample_row: float = 0.0005
     host: float = 0.001
     hidden_per_draft: float = 0.0  # a cost no part shows (drafting beside the host's work slows it)
+    hidden_per_round: float = 0.0  # ... or one every drafting round pays, whatever its count
 
     def round_time(self, k: int) -> float:
         return self.draft_step * k + self.verify(k + 1) + self.sample_row * (k + 1) + self.host + \
-            self.hidden_per_draft * k
+            self.hidden_per_draft * k + (self.hidden_per_round if k else 0.0)
 
     def tokens_per_s(self, k: int) -> float:
         expected = sum(self.accept ** j for j in range(k + 1))
@@ -115,6 +116,17 @@ def test_it_counts_what_drafting_costs_where_no_part_shows_it():
     """A host-bound pair: decodes cost little, and drafting beside the host's work slows the host."""
     machine = Machine(lambda n: 0.0004 * (1 + 0.3 * (n - 1)), draft_step=0.0001, accept=0.6, host=0.0003,
                       hidden_per_draft=0.0004)
+    assert machine.best() == 0
+    sim = Simulation(machine)
+    sim.run(400)
+    assert sim.tail(200)[0] >= 180
+
+
+def test_it_measures_plain_decoding_itself_when_drafting_costs_every_round_alike():
+    """A fixed cost of each drafting round that no part shows: estimated from the drafting rounds, plain decoding
+    would carry it too, so only a round of plain decoding can show that it is the best."""
+    machine = Machine(lambda n: 0.0005 * (1 + 0.1 * (n - 1)), draft_step=0.0001, accept=0.9, host=0.0001,
+                      hidden_per_round=0.0012)
     assert machine.best() == 0
     sim = Simulation(machine)
     sim.run(400)

@@ -15,9 +15,10 @@ second, ``E(k) / T(k)``:
   kept on the context across requests). Parts never measured come from the nearest measured ones.
 
 ``k = 0`` is a plain decode: no drafting graph, no verify rows. While the choice is below ``k_max``
-it drafts one more token now and then (every ``PROBE_MIN``..``PROBE_MAX`` rounds, backing off while
-the probes change nothing), so an estimate that has gone stale can recover. Between probes a choice
-of 0 stands without being computed again (plain rounds teach nothing about acceptance). Acceptance
+it drafts one more token now and then, and one fewer (every ``PROBE_MIN``..``PROBE_MAX`` rounds, backing
+off while the probes change nothing; the first way down is a plain round, until one was measured), so an
+estimate that has gone stale can recover. Between probes a choice of 0 stands without being computed
+again (plain rounds teach nothing about acceptance). Acceptance
 is pooled across the requests on a context by their sampler settings (the same pair accepts far
 less at temperature 1.5 than at 0). It only changes how much is drafted, so the output stays what
 plain decoding gives. Pure Python.
@@ -293,7 +294,9 @@ class AutoCount:
         if self.since_probe < self.probe_every:
             return best
         up = best + 1 if best < self.k_max else None
-        down = best - 1 if best > 0 else None
+        # until a plain round was measured, T(0) is T(best) less the parts' difference: it carries whatever every
+        # drafting round pays unseen, so the way down goes to plain decoding itself first
+        down = (best - 1 if 0 in self.costs.total else 0) if best > 0 else None
         probe = (up if up is not None else down) if self.probe_up else (down if down is not None else up)
         if probe is None:
             return best
