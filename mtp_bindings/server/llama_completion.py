@@ -2,8 +2,8 @@
 ``/completions``), in llama-server's request and response shapes.
 
 One job: the request model and the bodies of this route. The request takes the generation
-fields every route shares (:class:`~.schemas.GenerationRequest`) plus llama-server's ``prompt``
-(text, token ids, or one text in a list), ``n_probs`` (alternatives per token: its
+fields every route shares and the one prompt (:class:`~.schemas.PromptRequest`: text, token ids,
+or one text in a list) plus llama-server's ``n_probs`` (alternatives per token: its
 ``completion_probabilities``; ``logprobs`` is its alias, as there) and ``return_tokens``. The
 whole response is llama-server's final result (``content``, ``tokens``, ``id_slot``, ``stop``,
 ``model``, ``tokens_predicted``, ``tokens_evaluated``, ``generation_settings``, ``prompt``,
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from ..params import LOGPROBS_MAX
 from .accounting import TextTokens
@@ -29,7 +29,7 @@ from .errors import generation_error
 from .handlers import Server
 from .prompts import completion_tokens
 from .responses import timings
-from .schemas import GenerationRequest
+from .schemas import PromptRequest
 from .slots import END, Job
 from .streaming import JobStreamingResponse, sse
 
@@ -37,23 +37,12 @@ if TYPE_CHECKING:
     from ..generation.logprobs import TokenLogprob
 
 
-class NativeCompletionRequest(GenerationRequest):
+class NativeCompletionRequest(PromptRequest):
     """``/completion``'s body (llama-server's field names)."""
 
-    prompt: str | list[str] | list[int]
     n_probs: int | None = Field(None, ge=0, le=LOGPROBS_MAX)
     logprobs: int | None = Field(None, ge=0, le=LOGPROBS_MAX)  # n_probs' alias in llama-server
     return_tokens: bool | None = None
-
-    @field_validator("prompt")
-    @classmethod
-    def _one_prompt(cls, v: str | list[str] | list[int]) -> str | list[str] | list[int]:
-        if isinstance(v, list) and not v:
-            raise ValueError("the prompt is empty")
-        if isinstance(v, list) and isinstance(v[0], str) and len(v) != 1:
-            raise ValueError("this server takes one prompt per request (a string, a list of one string, "
-                             "or a list of token ids)")
-        return v
 
     def requested_logprobs(self) -> int | None:
         n = self.n_probs if self.n_probs is not None else self.logprobs

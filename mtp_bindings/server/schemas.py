@@ -289,12 +289,11 @@ class ChatCompletionRequest(GenerationRequest):
         return bool(self.tools) and self.tool_choice != "none"
 
 
-class CompletionRequest(GenerationRequest):
+class PromptRequest(GenerationRequest):
+    """A request with one prompt: a string, a list of one string, or token ids (OpenAI's
+    ``/v1/completions`` and llama-server's ``/completion``)."""
+
     prompt: str | list[str] | list[int]
-    echo: bool | None = None
-    logprobs: int | None = Field(None, ge=0, le=LOGPROBS_MAX)  # alternatives per token (0: the token's only)
-    best_of: int | None = None
-    suffix: str | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -305,6 +304,13 @@ class CompletionRequest(GenerationRequest):
             raise ValueError("this server takes one prompt per request (a string, a list of one string, "
                              "or a list of token ids)")
         return v
+
+
+class CompletionRequest(PromptRequest):
+    echo: bool | None = None
+    logprobs: int | None = Field(None, ge=0, le=LOGPROBS_MAX)  # alternatives per token (0: the token's only)
+    best_of: int | None = None
+    suffix: str | None = None
 
     def requested_logprobs(self) -> int | None:
         return self.logprobs
