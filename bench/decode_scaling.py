@@ -324,7 +324,7 @@ MTP_PROMPTS = (
 def mtp_worker_main(threads: int) -> int:
     """Serve generation requests with the bundled trained pair: one JSON line in, one JSON line out."""
     from mtp_bindings import Model
-    from mtp_bindings.cli import DEFAULT_ASSISTANT, DEFAULT_TARGET
+    from mtp_bindings.models import ASSISTANT as DEFAULT_ASSISTANT, TARGET as DEFAULT_TARGET
 
     model = Model(DEFAULT_TARGET)
     model.attach_assistant(DEFAULT_ASSISTANT)

@@ -65,7 +65,6 @@ BUILTIN_NAMES = {"int8_t", "uint8_t", "int16_t", "uint16_t", "int32_t", "uint32_
 CDEF_EXTRA = """
 extern "Python" void _mtp_log_callback(enum ggml_log_level, const char *, void *);
 extern "Python" bool _mtp_progress_callback(float, void *);
-extern "Python" bool _mtp_abort_callback(void *);
 void mtp_log_silent(enum ggml_log_level level, const char * text, void * user_data);
 """
 CSRC = """

@@ -44,14 +44,21 @@ if TYPE_CHECKING:
     from ._native import set_verbose
     from .api import Model
     from .mtp import MTPContext as Context
-    from .params import ContextParams
+    from .generation.constraint import Grammar
+    from .generation.logprobs import TokenLogprob
+    from .generation.results import GenerationResult, TextPiece
+    from .params import ContextParams, SamplingParams
+    from .threadpool import ThreadPool
 
 # The package's version, read by the build too (pyproject.toml's regex metadata provider).
 __version__ = "0.1.0"
 
 # name -> (the module that defines it, its name there), imported on first access (PEP 562)
 _LAZY = {"Model": (".api", "Model"), "Context": (".mtp", "MTPContext"), "ContextParams": (".params", "ContextParams"),
-         "set_verbose": ("._native", "set_verbose")}
+         "set_verbose": ("._native", "set_verbose"), "SamplingParams": (".params", "SamplingParams"),
+         "GenerationResult": (".generation.results", "GenerationResult"),
+         "TextPiece": (".generation.results", "TextPiece"), "TokenLogprob": (".generation.logprobs", "TokenLogprob"),
+         "Grammar": (".generation.constraint", "Grammar"), "ThreadPool": (".threadpool", "ThreadPool")}
 
 
 def __getattr__(name: str) -> Any:
@@ -68,7 +75,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "Model", "Context", "ContextParams", "set_verbose",
+    "Model", "Context", "ContextParams", "SamplingParams", "GenerationResult", "TextPiece", "TokenLogprob", "Grammar",
+    "ThreadPool", "set_verbose",
     "MTPBindingsError", "InvalidParameterError", "ModelLoadError", "ModelFileNotFoundError",
     "AssistantLoadError", "AssistantFileNotFoundError", "ContextError", "TokenizeError", "DecodeError",
     "ContextOverflowError", "MTPError", "MTPBusyError", "NoAssistantError", "GenerationCancelled",

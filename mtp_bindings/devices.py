@@ -42,11 +42,6 @@ def _offload_devices() -> list[tuple[str, Any]]:
     return out
 
 
-def available_devices() -> list[tuple[str, str]]:
-    """``(name, description)`` of each device a model can be offloaded to (not the CPU)."""
-    return [(name, ffi.string(lib.ggml_backend_dev_description(dev)).decode()) for name, dev in _offload_devices()]
-
-
 def parse_device_list(devices: str | Sequence[str]) -> list[str]:
     """``"CUDA0,CUDA1"`` or a list of names -> the names (``[]`` for ``none``), unchecked."""
     names = [d.strip() for d in (devices.split(",") if isinstance(devices, str) else devices)]

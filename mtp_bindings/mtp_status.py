@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from ._native import ffi, lib
 
-MTP_OK = int(lib.LLAMA_MTP_OK)
 MTP_ERR_NO_ASSISTANT = int(lib.LLAMA_MTP_ERR_NO_ASSISTANT)
 MTP_ERR_BUSY = int(lib.LLAMA_MTP_ERR_BUSY)
 MTP_ERR_WINDOW = int(lib.LLAMA_MTP_ERR_WINDOW)

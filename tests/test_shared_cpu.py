@@ -27,7 +27,7 @@ GENERATIONS, TOKENS = 3, 64
 WORKER = r"""
 import sys, time
 from mtp_bindings import Model
-from mtp_bindings.cli import DEFAULT_ASSISTANT, DEFAULT_TARGET
+from mtp_bindings.models import ASSISTANT as DEFAULT_ASSISTANT, TARGET as DEFAULT_TARGET
 draft, generations, tokens = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 with Model(DEFAULT_TARGET, assistant=DEFAULT_ASSISTANT) as model, \
         model.create_context(n_ctx=512, embeddings=True) as ctx:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -24,12 +24,6 @@ from .util import CpuMeter, ServerProcess, free_port, median, rss_bytes, upstrea
 
 
 # --- cost measurements ---------------------------------------------------------------------------
-
-def _timeit(fn: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
 
 def measure_draft_steps(models: dict[str, Any], *, threads: int, n_prompt: int, steps: Sequence[int], rounds: int,
                         calls: int = 4, seed: int = 5) -> dict[str, Any]:

@@ -21,7 +21,6 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from .. import models
 from ..exceptions import ContextError, InvalidParameterError, MTPBindingsError
 from .flags import PROG, USAGE_ERROR, CLIError, error_line, name_flags
 from .interrupt import INTERRUPTED, Interrupt
@@ -29,9 +28,6 @@ from .parser import DESCRIPTION, build_parser
 
 __all__ = ["CLIError", "DESCRIPTION", "build_parser", "main"]
 
-# kept for callers of the old names (tests, benchmarks)
-DEFAULT_TARGET = models.TARGET
-DEFAULT_ASSISTANT = models.ASSISTANT
 # errors about a parameter's value: their messages name the library's parameter, rewritten as the flag
 PARAMETER_ERRORS = (InvalidParameterError, ContextError)
 

@@ -19,7 +19,6 @@ class TextAssembler:
         self.stop = [s for s in stop if s]
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.pending = ""
-        self.text = ""
         self.stopped = False
 
     def feed(self, tokens: Sequence[int]) -> str:
@@ -35,14 +34,12 @@ class TextAssembler:
                 out = self.pending[:i]
                 self.pending = ""
                 self.stopped = True
-                self.text += out
                 return out
             keep = max((_overlap(self.pending, s) for s in self.stop), default=0)
         else:
             keep = 0
         cut = len(self.pending) - keep
         out, self.pending = self.pending[:cut], self.pending[cut:]
-        self.text += out
         return out
 
     def flush(self) -> str:
@@ -50,7 +47,6 @@ class TextAssembler:
             return ""
         out = self.pending + self.decoder.decode(b"", final=True)
         self.pending = ""
-        self.text += out
         return out
 
 
