@@ -33,14 +33,15 @@ def fresh(model):
 def test_restore_into_a_fresh_context_goes_on_as_if_never_interrupted(model, tmp_path):
     prompt = model.tokenize(PROMPT)
     with fresh(model) as ctx, fresh(model) as restored, fresh(model) as whole:
-        first = model.generate(prompt, max_tokens=N, context=ctx, temperature=0)
+        # fixed counts where drafting must happen: auto may choose plain rounds
+        first = model.generate(prompt, max_tokens=N, context=ctx, temperature=0, draft_n_max=3)
         assert first.stats.n_drafted > 0, "MTP drafting must be on for this test to mean anything"
         saved = model.save_state(tmp_path / "s.bin", context=ctx)
         reference = model.generate(prompt + first.tokens, max_tokens=M, context=ctx, temperature=0)
 
         loaded = model.load_state(tmp_path / "s.bin", context=restored)
         assert loaded.tokens == saved.tokens and loaded.n_bytes == saved.n_bytes
-        again = model.generate(prompt + first.tokens, max_tokens=M, context=restored, temperature=0)
+        again = model.generate(prompt + first.tokens, max_tokens=M, context=restored, temperature=0, draft_n_max=3)
         assert again.tokens == reference.tokens
         assert again.stats.n_drafted > 0
         # and both are what one uninterrupted generation of N + M tokens gives
@@ -131,7 +132,8 @@ def test_more_tokens_than_the_sequence_holds_are_refused(model, tmp_path):
 def test_saving_in_the_middle_of_a_stream_leaves_the_stream_exact(model, tmp_path):
     prompt = model.tokenize(PROMPT)
     with fresh(model) as ctx, fresh(model) as other:
-        stream = model.generate(prompt, max_tokens=N + M, context=ctx, stream=True, temperature=0)
+        # a fixed count: auto may choose a plain round, with no draft in flight to save around
+        stream = model.generate(prompt, max_tokens=N + M, context=ctx, stream=True, temperature=0, draft_n_max=3)
         head = [next(stream) for _ in range(3)]
         assert current_session(ctx).in_flight is not None  # the depth-2 overlap: a draft is being computed
         save_state(ctx, tmp_path / "mid.bin")
