@@ -8,6 +8,12 @@ import codecs
 from typing import Any, Collection, Sequence
 
 
+def token_bytes(model: Any, token: int, special: Collection[int] = ()) -> bytes:
+    """A token's bytes as generated text renders it: the tokens in ``special`` with their text, the
+    others as plain pieces (control tokens render empty)."""
+    return model.token_to_piece(token, special=True) if token in special else model.token_to_piece(token)
+
+
 class TextAssembler:
     """Turns tokens into text pieces (``model`` renders a token with ``token_to_piece``; the
     tokens in ``special`` with their text even when they are control tokens, which otherwise
@@ -23,8 +29,7 @@ class TextAssembler:
 
     def feed(self, tokens: Sequence[int]) -> str:
         """Add tokens; returns the text now safe to emit (may be empty)."""
-        raw = b"".join(self.model.token_to_piece(t, special=True) if t in self.special else
-                       self.model.token_to_piece(t) for t in tokens)
+        raw = b"".join(token_bytes(self.model, t, self.special) for t in tokens)
         self.pending += self.decoder.decode(raw)
         if self.stop:
             hits = [(self.pending.find(s), s) for s in self.stop]

@@ -18,15 +18,16 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..generation.text import token_bytes
+
 if TYPE_CHECKING:
     from ..generation.logprobs import TokenLogprob
 
 
 def token_renderer(model: Any, special: Collection[int] = ()) -> Callable[[int], bytes]:
-    """A token's bytes as the generation's text renders it (the tokens in ``special`` with their
-    text, as :class:`~mtp_bindings.generation.text.TextAssembler` does)."""
+    """A token's bytes as the generation's text renders it (:func:`~mtp_bindings.generation.text.token_bytes`)."""
     special = frozenset(special)
-    return lambda t: model.token_to_piece(t, special=True) if t in special else model.token_to_piece(t)
+    return lambda t: token_bytes(model, t, special)
 
 
 class TextTokens:
