@@ -13,56 +13,41 @@ meaning) and :mod:`.flags` (llama.cpp's flag rules, the error convention); the c
 :mod:`.generate` (generate, chat; chat's /commands in :mod:`.chat_commands`), :mod:`.demo` and
 :mod:`.tools` (serve, bench, info, convert, ...), :mod:`.rpc_server`, loading in :mod:`.session`, Ctrl-C in
 :mod:`.interrupt`.
+
+This module stays light (the standard library and two small modules): the commands, numpy and the native
+library load inside :func:`main`, so a Ctrl-C while they load ends the command like one later on, with
+exit status 130 and no traceback.
 """
 
 from __future__ import annotations
 
-import logging
+import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from ..exceptions import ContextError, InvalidParameterError, MTPBindingsError
-from .flags import PROG, USAGE_ERROR, CLIError, error_line, name_flags
-from .interrupt import INTERRUPTED, Interrupt
-from .parser import DESCRIPTION, build_parser
+from .flags import PROG
+from .interrupt import INTERRUPTED
 
 __all__ = ["CLIError", "DESCRIPTION", "build_parser", "main"]
 
-# errors about a parameter's value: their messages name the library's parameter, rewritten as the flag
-PARAMETER_ERRORS = (InvalidParameterError, ContextError)
-
-
-class _LogFormatter(logging.Formatter):
-    """Warnings and errors as ``mtp-bindings: warning: ...``, like the command's own messages;
-    the ``-v`` log lines with their logger's name."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        if record.levelno >= logging.WARNING:
-            return f"{PROG}: {record.levelname.lower()}: {record.getMessage()}"
-        return f"{record.name}: {record.getMessage()}"
-
-
-def _setup_logging(verbose: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_LogFormatter())
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler], force=True)
+# what this package exports from its modules, loaded on first use
+_LAZY = {"CLIError": ".flags", "DESCRIPTION": ".parser", "build_parser": ".parser"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    interrupt = Interrupt()
-    args = None
     try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        args.argv = argv
-        _setup_logging(getattr(args, "verbose", False))
-        return int(args.func(args, interrupt) or 0)
-    except (MTPBindingsError, CLIError, OSError) as e:
-        message = name_flags(str(e), args.parser, argv) if isinstance(e, PARAMETER_ERRORS) and args else str(e)
-        print(error_line(message), file=sys.stderr)
-        return USAGE_ERROR
+        app = importlib.import_module(".app", __name__)
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted", file=sys.stderr)
         return INTERRUPTED
+    return int(app.run(argv))
 
+
+def __getattr__(name: str) -> Any:
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
