@@ -135,6 +135,17 @@ def test_it_measures_plain_decoding_itself_when_drafting_costs_every_round_alike
     assert plain_rounds_at_the_end(machine) >= 180
 
 
+def test_a_cold_start_measures_a_plain_round_right_after_its_first_drafting_round():
+    """The same hidden per-round cost: a cold context starts from the prior's count, and its second round is plain
+    (measured, not estimated from the drafting round), so drafting stops at once instead of at the first probe."""
+    machine = Machine(lambda n: 0.0005 * (1 + 0.1 * (n - 1)), draft_step=0.0001, accept=0.9, host=0.0001,
+                      hidden_per_round=0.0012)
+    sim = Simulation(machine)
+    sim.run(8)
+    assert sim.chosen[0] > 0 and sim.chosen[1] == 0
+    assert sum(1 for k in sim.chosen if k) <= 2
+
+
 def test_it_recovers_when_acceptance_returns():
     machine = Machine(flat_verify, draft_step=0.004, accept=0.0)
     sim = Simulation(machine)

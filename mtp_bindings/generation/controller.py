@@ -144,7 +144,10 @@ class CostModel:
             if k in self.total:
                 out.append(self.total[k])
                 continue
-            near = min(self.total, key=lambda n: (abs(n - k), n))
+            # a drafting count from a measured drafting count where there is one: drafting rounds pay what plain
+            # ones do not (the drafting graph, the hidden state), and no part shows all of it
+            seen = [n for n in self.total if n] if k and any(self.total) else list(self.total)
+            near = min(seen, key=lambda n: (abs(n - k), n))
             near_part = parts[near] if near <= k_max else self.parts_cost(near)
             out.append(max(self.total[near] + part - near_part, 0.1 * part))
         return out
@@ -265,6 +268,7 @@ class AutoCount:
         self.probe_wait = 0  # rounds an expensive probe waits for, to stay inside the budget
         self.probes = 0
         self.probe_up = True  # probes alternate: one draft more, one fewer (a cost never measured is a guess)
+        self.plain_asked = False  # the one plain round asked for to measure T(0) (see choose)
         self.start = clock()
         self.last: tuple[float, RoundCost] | None = None  # the round just observed: its start and costs
 
@@ -279,6 +283,13 @@ class AutoCount:
         return self.costs_and_rates()[1]
 
     def choose(self) -> int:
+        if 0 not in self.costs.total and (self.plain_asked or self.costs.total or self.tried[0]):
+            # Drafting has begun on this context and no plain round was ever measured: T(0) would be T(k) less
+            # the parts' difference, carrying whatever every drafting round pays unseen (most of a round on a
+            # host-bound pair, where a cold start then drafted for many rounds). Plain rounds until one is
+            # measured (a round's cost is known when the next one begins: at most two).
+            self.plain_asked = True
+            return 0
         if not self.drafted and self.since_probe + 1 < max(self.probe_every, self.probe_wait):
             # Plain rounds teach nothing about acceptance and only refine T(0): the choice stands until the
             # next probe is due (on a pair whose decode takes 0.5 ms the full choice was 2-3 % of a round).
