@@ -16,9 +16,12 @@ second, ``E(k) / T(k)``:
 
 ``k = 0`` is a plain decode: no drafting graph, no verify rows. While the choice is below ``k_max``
 it drafts one more token now and then, and one fewer (every ``PROBE_MIN``..``PROBE_MAX`` rounds, backing
-off while the probes change nothing; the first way down is a plain round, until one was measured), so an
-estimate that has gone stale can recover. Between probes a choice of 0 stands without being computed
-again (plain rounds teach nothing about acceptance). Acceptance
+off while the probes change nothing; every other way down is plain decoding itself, two rounds), so an
+estimate that has gone stale can recover. A cold context measures plain decoding right after its first
+drafting round. A plain round right after a drafting one is not measured (drafting winding down shares its
+CPU), and a cost below its running mean counts more than one above it (interference only adds time).
+Between probes a choice of 0 stands without being computed again (plain rounds teach nothing about
+acceptance). Acceptance
 is pooled across the requests on a context by their sampler settings (the same pair accepts far
 less at temperature 1.5 than at 0). It only changes how much is drafted, so the output stays what
 plain decoding gives. Pure Python.
@@ -37,7 +40,8 @@ ACCEPT_PRIOR = 0.6        # conditional acceptance per position before anything 
 ACCEPT_PRIOR_WEIGHT = 4.0  # rounds of evidence a request's starting estimate is worth
 ACCEPT_DECAY = 0.97       # weight kept by past observations at each new one (a ~30-round memory)
 ACCEPT_BONUS = 0.5        # standard errors added to each estimate when choosing (see Acceptance.optimistic)
-COST_ALPHA = 0.25         # running means of costs: weight of the newest measurement
+COST_ALPHA = 0.25         # running means of costs: weight of the newest measurement ...
+COST_ALPHA_DOWN = 0.75    # ... when it is below the mean (interference only adds time: a lower cost is believed sooner)
 VERIFY_SLOPE_PRIOR = 0.1  # decode(n) = decode(1) (1 + slope (n - 1)) until two sizes are measured
 DRAFT_STEP_PRIOR = 0.1    # a draft step / decode(1), until a draft is measured
 PROBE_MIN = 8             # rounds between probes of one more draft, at first ...
@@ -47,7 +51,9 @@ POOL_MAX = 256.0          # observations the context's pooled acceptance keeps p
 
 
 def _ewma(old: float | None, new: float) -> float:
-    return new if old is None else old + COST_ALPHA * (new - old)
+    if old is None:
+        return new
+    return old + (COST_ALPHA_DOWN if new < old else COST_ALPHA) * (new - old)
 
 
 @dataclass
@@ -270,6 +276,8 @@ class AutoCount:
         self.probe_up = True  # probes alternate: one draft more, one fewer (a cost never measured is a guess)
         self.plain_asked = False  # the one plain round asked for to measure T(0) (see choose)
         self.prev_k: int | None = None  # the drafts of the round observed last
+        self.down_to_plain = True  # the next probe down goes to plain decoding (they alternate with one fewer draft)
+        self.plain_left = 0  # plain rounds still owed to a probe down to plain decoding
         self.start = clock()
         self.last: tuple[float, RoundCost] | None = None  # the round just observed: its start and costs
 
@@ -291,6 +299,11 @@ class AutoCount:
             # measured (a round's cost is known when the next one begins: at most two).
             self.plain_asked = True
             return 0
+        if self.plain_left:
+            # the second round of a probe down to plain decoding: the first, right after drafting, is not measured
+            self.plain_left -= 1
+            self.drafted = True  # the next choice is computed again, with what this probe measured
+            return 0
         if not self.drafted and self.since_probe + 1 < max(self.probe_every, self.probe_wait):
             # Plain rounds teach nothing about acceptance and only refine T(0): the choice stands until the
             # next probe is due (on a pair whose decode takes 0.5 ms the full choice was 2-3 % of a round).
@@ -306,9 +319,9 @@ class AutoCount:
         if self.since_probe < self.probe_every:
             return best
         up = best + 1 if best < self.k_max else None
-        # until a plain round was measured, T(0) is T(best) less the parts' difference: it carries whatever every
-        # drafting round pays unseen, so the way down goes to plain decoding itself first
-        down = (best - 1 if 0 in self.costs.total else 0) if best > 0 else None
+        # every other way down goes to plain decoding itself (two rounds): T(0) is what auto must never lose to, and
+        # a measurement that is never refreshed while drafting goes on (one slow plain round) would stand forever
+        down = (0 if self.down_to_plain else best - 1) if best > 0 else None
         probe = (up if up is not None else down) if self.probe_up else (down if down is not None else up)
         if probe is None:
             return best
@@ -319,6 +332,9 @@ class AutoCount:
             return best
         self.since_probe = 0
         self.probe_every = min(2 * self.probe_every, PROBE_MAX)
+        if probe == down:
+            self.down_to_plain = not self.down_to_plain
+            self.plain_left = 1 if probe == 0 else 0
         self.probe_up = not self.probe_up
         self.probes += 1
         return probe
