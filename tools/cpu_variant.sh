@@ -12,10 +12,13 @@ SRC=vendor/llama.cpp/ggml
 [ -d "$SRC" ] || { echo "no $SRC: run make install first" >&2; exit 1; }
 # the source package leaves out ggml's pkg-config template, which ggml's CMakeLists configures
 [ -f "$SRC/ggml.pc.in" ] || : > "$SRC/ggml.pc.in"
-base="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_F16C=ON -DGGML_FMA=ON -DGGML_AVX2=ON -DGGML_BMI2=ON"
+# llamafile's tinyBLAS is on as in the package and the wheel (llama.cpp's top-level default; ggml alone has it off,
+# and its variants then took other q8_0 / f16 paths than the ones users get)
+common="-DGGML_LLAMAFILE=ON"
+base="$common -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_F16C=ON -DGGML_FMA=ON -DGGML_AVX2=ON -DGGML_BMI2=ON"
 for name in "$@"; do
     case "$name" in
-        native)   flags="-DGGML_NATIVE=ON" ;;
+        native)   flags="$common -DGGML_NATIVE=ON" ;;
         haswell)  flags="$base" ;;
         skylakex) flags="$base -DGGML_AVX512=ON" ;;
         icelake)  flags="$base -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON" ;;
