@@ -15,9 +15,9 @@ instant and Ctrl-C during a command's start-up is the command's to handle.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ._lazy import lazy_getattr
 from .exceptions import (
     AssistantFileNotFoundError,
     AssistantLoadError,
@@ -61,13 +61,7 @@ _LAZY = {"Model": (".api", "Model"), "Context": (".mtp", "MTPContext"), "Context
          "Grammar": (".generation.constraint", "Grammar"), "ThreadPool": (".threadpool", "ThreadPool")}
 
 
-def __getattr__(name: str) -> Any:
-    where = _LAZY.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(where[0], __name__), where[1])
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 def __dir__() -> list[str]:

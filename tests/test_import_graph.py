@@ -19,7 +19,7 @@ ROOT = "mtp_bindings"
 # A name matches a module and everything under it (``mtp_bindings.server`` covers the package).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("pure", ("exceptions", "limits", "params", "presets", "threads", "env", "models", "chat_reply", "template_env",
-              "gemma4_template", "turns", "hub")),
+              "gemma4_template", "turns", "hub", "_lazy")),
     ("native", ("_ffi", "_native", "_backends", "low_level", "_handle", "_model_file", "devices", "mtp_status",
                 "threadpool", "builtin_templates")),
     ("core", ("context", "model", "embeddings")),
@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 
 # Modules that must import without the compiled extension (the fast test tier).
 PURE_MODULES = ("params", "limits", "presets", "env", "exceptions", "chat_reply", "template_env", "gemma4_template",
-                "turns", "hub",
+                "turns", "hub", "_lazy",
                 "_backends",
                 "generation.sampling", "generation.agreement",
                 "generation.rejection", "generation.stats", "generation.results", "generation.text",

@@ -24,8 +24,8 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import Any
 
+from .._lazy import lazy_getattr
 from .flags import PROG
 from .interrupt import INTERRUPTED
 
@@ -44,10 +44,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     return int(app.run(argv))
 
 
-def __getattr__(name: str) -> Any:
-    where = _LAZY.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(where, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)

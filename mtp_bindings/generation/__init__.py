@@ -25,8 +25,9 @@ The names below are imported on first access, so that the pure modules (``sampli
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from .driver import chat, generate
@@ -39,13 +40,7 @@ _LAZY = {"generate": ".driver", "chat": ".driver", "GenerationResult": ".results
          "GenerationStats": ".stats", "TokenLogprob": ".logprobs", "Grammar": ".constraint"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = ["generate", "chat", "GenerationResult", "GenerationStats", "TextPiece", "TokenLogprob", "Grammar"]
