@@ -10,7 +10,6 @@ with ``context=`` a busy context is refused at once with ``ContextBusyError`` --
 from __future__ import annotations
 
 import itertools
-
 import threading
 
 import pytest

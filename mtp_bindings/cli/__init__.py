@@ -37,11 +37,10 @@ _LAZY = {"CLIError": ".flags", "DESCRIPTION": ".parser", "build_parser": ".parse
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        app = importlib.import_module(".app", __name__)
+        return int(importlib.import_module(".app", __name__).run(argv))
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted", file=sys.stderr)
         return INTERRUPTED
-    return int(app.run(argv))
 
 
 __getattr__ = lazy_getattr(__name__, _LAZY)

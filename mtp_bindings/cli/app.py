@@ -1,5 +1,6 @@
 """The command line's dispatcher: :func:`run` parses the arguments and runs the command (the
-``mtp-bindings`` script reaches it through :func:`mtp_bindings.cli.main`, which loads this module)."""
+``mtp-bindings`` script reaches it through :func:`mtp_bindings.cli.main`, which loads this module and
+turns a Ctrl-C, here or while loading, into exit status 130)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from collections.abc import Sequence
 
 from ..exceptions import ContextError, InvalidParameterError, MTPBindingsError
 from .flags import PROG, USAGE_ERROR, CLIError, error_line, name_flags
-from .interrupt import INTERRUPTED, Interrupt
-from .parser import DESCRIPTION, build_parser
+from .interrupt import Interrupt
+from .parser import build_parser
 
-__all__ = ["CLIError", "DESCRIPTION", "build_parser", "run"]
+__all__ = ["run"]
 
 # errors about a parameter's value: their messages name the library's parameter, rewritten as the flag
 PARAMETER_ERRORS = (InvalidParameterError, ContextError)
@@ -48,7 +49,3 @@ def run(argv: Sequence[str] | None = None) -> int:
         message = name_flags(str(e), args.parser, argv) if isinstance(e, PARAMETER_ERRORS) and args else str(e)
         print(error_line(message), file=sys.stderr)
         return USAGE_ERROR
-    except KeyboardInterrupt:
-        print(f"\n{PROG}: interrupted", file=sys.stderr)
-        return INTERRUPTED
-

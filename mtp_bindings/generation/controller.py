@@ -274,10 +274,9 @@ class AutoCount:
         self.probe_wait = 0  # rounds an expensive probe waits for, to stay inside the budget
         self.probes = 0
         self.probe_up = True  # probes alternate: one draft more, one fewer (a cost never measured is a guess)
-        self.plain_asked = False  # the one plain round asked for to measure T(0) (see choose)
         self.prev_k: int | None = None  # the drafts of the round observed last
         self.down_to_plain = True  # the next probe down goes to plain decoding (they alternate with one fewer draft)
-        self.plain_left = 0  # plain rounds still owed to a probe down to plain decoding
+        self.plain_wanted = False  # plain rounds until one is measured (a cold start, a probe down to plain)
         self.start = clock()
         self.last: tuple[float, RoundCost] | None = None  # the round just observed: its start and costs
 
@@ -292,17 +291,13 @@ class AutoCount:
         return self.costs_and_rates()[1]
 
     def choose(self) -> int:
-        if 0 not in self.costs.total and (self.plain_asked or self.costs.total or self.tried[0]):
-            # Drafting has begun on this context and no plain round was ever measured: T(0) would be T(k) less
-            # the parts' difference, carrying whatever every drafting round pays unseen (most of a round on a
-            # host-bound pair, where a cold start then drafted for many rounds). Plain rounds until one is
-            # measured (a round's cost is known when the next one begins: at most two).
-            self.plain_asked = True
-            return 0
-        if self.plain_left:
-            # the second round of a probe down to plain decoding: the first, right after drafting, is not measured
-            self.plain_left -= 1
-            self.drafted = True  # the next choice is computed again, with what this probe measured
+        if self.plain_wanted or (0 not in self.costs.total and (self.costs.total or self.tried[0])):
+            # Plain rounds until one is measured: asked by a probe down to plain decoding, or because drafting has
+            # begun on this context and no plain round was ever measured (T(0) would be T(k) less the parts'
+            # difference, carrying whatever every drafting round pays unseen: most of a round on a host-bound
+            # pair, where a cold start then drafted for many rounds). The first, right after drafting, is not
+            # measured (see observe).
+            self.plain_wanted = True
             return 0
         if not self.drafted and self.since_probe + 1 < max(self.probe_every, self.probe_wait):
             # Plain rounds teach nothing about acceptance and only refine T(0): the choice stands until the
@@ -334,7 +329,7 @@ class AutoCount:
         self.probe_every = min(2 * self.probe_every, PROBE_MAX)
         if probe == down:
             self.down_to_plain = not self.down_to_plain
-            self.plain_left = 1 if probe == 0 else 0
+            self.plain_wanted = probe == 0
         self.probe_up = not self.probe_up
         self.probes += 1
         return probe
@@ -357,6 +352,9 @@ class AutoCount:
         else:
             self.last = (self.start, cost)
             self.costs.observe(cost)
+            if cost.k == 0 and self.plain_wanted:
+                self.plain_wanted = False
+                self.drafted = True  # the next choice is computed again, with what this round measured
         self.acceptance.observe(cost.k, n_accepted)
         self.drafted = self.drafted or cost.k > 0
         for i in range(min(cost.k, n_accepted + 1)):
