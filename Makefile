@@ -13,7 +13,7 @@ SOURCES := pyproject.toml CMakeLists.txt $(wildcard patches/*.patch build_suppor
 # pip shows the build's progress (-v streams CMake and ninja's [n/N] lines)
 PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -v
 
-.PHONY: install install-test demo test bench fixtures wheel sdist wheel-test clean
+.PHONY: install install-test demo test bench fixtures wheel sdist wheel-test install-vulkan test-vulkan clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -63,5 +63,22 @@ wheel-test: $(PY)
 	$(PY) -m pip install --disable-pip-version-check -q pytest
 	$(PY) -m pytest tests/test_wheel.py -v
 
+# Vulkan: the package built with -DGGML_VULKAN=ON in a venv and build directory of its own (.venv-vulkan,
+# build/vulkan), and the vulkan tier (tests/test_vulkan.py) run on the first Vulkan device. Needs Vulkan's
+# headers, loader and glslc (Debian: mesa-vulkan-drivers libvulkan-dev glslc glslang-tools spirv-headers);
+# Mesa's lavapipe (a CPU device) counts, which ggml-vulkan only takes when named: GGML_VK_VISIBLE_DEVICES=0.
+VENV_VULKAN ?= .venv-vulkan
+$(VENV_VULKAN)/.installed: $(SOURCES)
+	$(PYTHON) -m venv $(VENV_VULKAN)
+	CMAKE_ARGS="-DGGML_VULKAN=ON" MTP_BUILD_LLAMA_SERVER=OFF $(VENV_VULKAN)/bin/python build_support/build_progress.py -- \
+		$(VENV_VULKAN)/bin/python -m pip install --disable-pip-version-check -v -C build-dir=build/vulkan '.[test,server]'
+	touch $@
+
+install-vulkan: $(VENV_VULKAN)/.installed
+
+test-vulkan: install-vulkan
+	GGML_VK_VISIBLE_DEVICES=$${GGML_VK_VISIBLE_DEVICES:-0} PATH="$(abspath $(VENV_VULKAN))/bin:$$PATH" \
+		$(VENV_VULKAN)/bin/python -m pytest -m vulkan tests/test_vulkan.py
+
 clean:
-	rm -rf build vendor $(VENV)
+	rm -rf build vendor $(VENV) $(VENV_VULKAN)

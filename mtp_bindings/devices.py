@@ -19,6 +19,7 @@ import struct
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from . import _native
@@ -39,6 +40,28 @@ def _offload_devices() -> list[tuple[str, Any]]:
         dev = lib.ggml_backend_dev_get(i)
         if lib.ggml_backend_dev_type(dev) != lib.GGML_BACKEND_DEVICE_TYPE_CPU:
             out.append((ffi.string(lib.ggml_backend_dev_name(dev)).decode(), dev))
+    return out
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """A device a model's layers can go to, as llama.cpp's ``--list-devices`` shows it."""
+
+    name: str          # what ``devices=`` / ``--device`` takes: ``Vulkan0``, ``CUDA1``, ``RPC0``, ...
+    description: str   # the backend's words for it (``NVIDIA H200``, ``llvmpipe (LLVM 15.0.6, 256 bits)``)
+    free_bytes: int
+    total_bytes: int
+
+
+def list_devices() -> list[DeviceInfo]:
+    """Every device this build and process can offload to (the CPU is not one: it holds the rest).
+    A CPU-only build lists none; RPC servers appear once added (:func:`add_rpc_servers`)."""
+    out = []
+    for name, dev in _offload_devices():
+        free, total = ffi.new("size_t *"), ffi.new("size_t *")
+        lib.ggml_backend_dev_memory(dev, free, total)
+        out.append(DeviceInfo(name, ffi.string(lib.ggml_backend_dev_description(dev)).decode(errors="replace"),
+                              int(free[0]), int(total[0])))
     return out
 
 

@@ -3,7 +3,8 @@
 Every test gets the marker of its tier, by file: ``capi`` (the C API and ggml kernels through cffi),
 ``bindings`` (model, context, MTP session), ``generation`` (the driver, exactness against references),
 ``server`` (the HTTP server on loopback), ``tools`` (CLI, benchmark, examples, build), ``wheel`` (the portable
-wheel from ``make wheel``, installed in a venv of its own; skipped without one); and ``native`` when it
+wheel from ``make wheel``, installed in a venv of its own; skipped without one), ``vulkan`` (MTP on a Vulkan
+device, ``make test-vulkan``; skipped without one); and ``native`` when it
 needs compiled code, i.e. every tier but ``pure`` (pure-Python modules: import graph, parameters,
 sampling maths, the patch series, the backend-loading rule). ``pytest -m "not native"`` runs without a
 build (files that need it are then not even collected); ``pytest -m server`` runs one tier.
@@ -34,6 +35,8 @@ TIERS: dict[str, tuple[str, ...]] = {
               "test_placement_flags.py", "test_sdist.py"),
     # the portable wheel in its own venv: needs a wheel in dist/ (`make wheel`), not this checkout's build
     "wheel": ("test_wheel.py",),
+    # MTP on a Vulkan device: a -DGGML_VULKAN=ON build (`make test-vulkan`); skipped without a Vulkan device
+    "vulkan": ("test_vulkan.py",),
 }
 TIER_OF = {name: tier for tier, names in TIERS.items() for name in names}
 
@@ -51,7 +54,7 @@ def _extension_built() -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for tier in ("pure", "capi", "bindings", "generation", "server", "tools", "wheel"):
+    for tier in (*TIERS, "server"):
         config.addinivalue_line("markers", f"{tier}: the {tier} tier (see tests/conftest.py)")
     config.addinivalue_line("markers", "native: needs the compiled extension (every tier but pure)")
 

@@ -301,6 +301,21 @@ def test_version_and_python_m():
     assert out.returncode == 0 and __version__ in out.stdout
 
 
+def test_list_devices_prints_the_devices_dev_takes_and_exits():
+    """llama.cpp's --list-devices: its heading, then a line per device named as -dev takes it."""
+    from mtp_bindings.devices import list_devices
+
+    out = run("--list-devices")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "Available devices:"
+    names = [d.name for d in list_devices()]
+    if names:
+        assert [line.split(":")[0].strip() for line in lines[1:]] == names
+    else:
+        assert len(lines) == 2 and "no device" in lines[1]
+
+
 def test_top_level_help_describes_the_tool_whole():
     from mtp_bindings.cli import DESCRIPTION
 

@@ -23,6 +23,7 @@ from .flags import PROG, Parser, SubcommandParser, refuse, refuse_unsupported
 from .generate import cmd_chat, cmd_generate
 from .rpc_server import cmd_rpc_server
 from .tools import cmd_bench, cmd_convert, cmd_info, cmd_relayout, cmd_serve, cmd_verify_assistant
+from .list_devices import ListDevicesAction
 from .version import VersionAction
 
 DESCRIPTION = ("Gemma 4 MTP (multi-token prediction) speculative decoding on a patched llama.cpp: generate, "
@@ -35,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = Parser(prog=PROG, description=DESCRIPTION)
     ap.add_argument("--version", action=VersionAction, version=f"{PROG} {__version__} (llama.cpp {LLAMA_CPP})",
                     help="print the version (and the CPU backend in use) and exit")
+    ap.add_argument("--list-devices", action=ListDevicesAction,
+                    help="print the devices layers can be offloaded to (-dev takes their names) and exit")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=SubcommandParser)
 
     p = sub.add_parser("demo", help="generate with an E2B-sized pair, with and without MTP, side by side",

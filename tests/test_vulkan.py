@@ -1,0 +1,179 @@
+"""MTP on a Vulkan device (issue 28; the ``vulkan`` tier, run by ``make test-vulkan``).
+
+Every layer of the target and of its assistant on the device (``n_gpu_layers=-1, devices="Vulkan0"``, the
+CLI's ``-ngl 99 -ngld 99 -dev Vulkan0``): the load puts the weights there, MTP at temperature 0 gives plain
+decoding's tokens on the device (dense and centroid heads, depth 2 on and off), the drafts are the CPU's
+(the same argmax, or a near-tie of the CPU's draft logits), the asynchronous request equals the synchronous
+one, KV edits with a request in flight behave as the C API promises, and the server answers from the device.
+
+Without a Vulkan device (a build without ``-DGGML_VULKAN=ON``, or no device) the tier is skipped with the
+reason; ``MTP_TEST_DEVICE=CUDA0`` runs the same tests on another device (``tools/device_check.sh``). Mesa's lavapipe (a Vulkan device on the CPU, Debian's ``mesa-vulkan-drivers``) counts: ggml-vulkan
+takes a CPU-type device only when named, ``GGML_VK_VISIBLE_DEVICES=0``, which ``make test-vulkan`` sets.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fixture_paths import PAIRS, fixture_path
+from numerics import assert_same_tokens
+from test_server import running_server
+
+# another GPU device runs the same tests: MTP_TEST_DEVICE=CUDA0 (tools/device_check.sh does, on a lent GPU)
+DEVICE = os.environ.get("MTP_TEST_DEVICE", "Vulkan0")
+PROMPTS = ["def main(argv):\n", "import os\nimport sys\n", "class Queue:\n    def __init__(self):"]
+N_TOKENS = 24
+
+
+def _device_names() -> list[str]:
+    from mtp_bindings.devices import list_devices
+
+    return [d.name for d in list_devices()]
+
+
+pytestmark = pytest.mark.skipif(
+    DEVICE not in _device_names(),
+    reason=f"no device {DEVICE} in this build (Vulkan: CMAKE_ARGS=-DGGML_VULKAN=ON, make test-vulkan; Mesa's lavapipe "
+           "needs GGML_VK_VISIBLE_DEVICES=0)")
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _load(target: Path, assistant: Path, **placement: Any) -> tuple[Any, list[str]]:
+    """The pair loaded with ``placement``, and llama.cpp's load log."""
+    from mtp_bindings import Model
+
+    lines = _Lines()
+    native = logging.getLogger("mtp_bindings.native")
+    native.addHandler(lines)
+    level = native.level
+    native.setLevel(logging.DEBUG)
+    try:
+        model = Model(target, assistant=assistant, verbose=True, **placement)
+    finally:
+        native.removeHandler(lines)
+        native.setLevel(level)
+    return model, lines.lines
+
+
+@pytest.fixture(scope="module", params=["dense", "centroid", "trained"])
+def pair(request: pytest.FixtureRequest, trained_paths: tuple[Path, Path]) -> Iterator[dict[str, Any]]:
+    """The pair on the device and on the CPU, a context each, and the device's load log."""
+    if request.param == "trained":
+        target, assistant = trained_paths
+    else:
+        target, assistant = (fixture_path(p) for p in PAIRS[request.param])
+    dev, log = _load(target, assistant, n_gpu_layers=-1, devices=DEVICE)
+    cpu, _ = _load(target, assistant, devices="none")
+    with dev, cpu, dev.create_context(n_ctx=512, n_threads=1, embeddings=True) as dctx, \
+            cpu.create_context(n_ctx=512, n_threads=1, embeddings=True) as cctx:
+        yield {"name": request.param, "dev": dev, "dctx": dctx, "cpu": cpu, "cctx": cctx, "log": log}
+
+
+def test_every_layer_of_target_and_assistant_is_on_the_device(pair: dict[str, Any]) -> None:
+    log = "\n".join(pair["log"])
+    offloaded = [line for line in pair["log"] if "offloaded" in line and "layers to GPU" in line]
+    assert offloaded, log
+    for line in offloaded:  # "load_tensors: offloaded 5/5 layers to GPU", once for each model
+        n, of = line.split("offloaded", 1)[1].split("layers")[0].strip().split("/")
+        assert n == of, line
+    assert len(offloaded) == 2, offloaded
+    assert sum(f"{DEVICE} model buffer size" in line for line in pair["log"]) >= 2, log
+
+
+@pytest.mark.parametrize("depth2", [False, True], ids=["depth1", "depth2"])
+def test_greedy_mtp_equals_plain_greedy_on_the_device(pair: dict[str, Any], depth2: bool) -> None:
+    model, ctx = pair["dev"], pair["dctx"]
+    for prompt in PROMPTS:
+        plain = model.generate(prompt, max_tokens=N_TOKENS, draft_n_max=0, context=ctx, temperature=0)
+        for n in (1, 3):
+            spec = model.generate(prompt, max_tokens=N_TOKENS, draft_n_max=n, depth2=depth2, context=ctx,
+                                  temperature=0)
+            assert spec.stats.n_drafted > 0
+            assert_same_tokens(plain.tokens, spec.tokens, (pair["name"], prompt, n, "MTP vs plain on the device"))
+
+
+def _drafts(model: Any, ctx: Any, prompt: list[int], n_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The greedy next token after ``prompt``, its h_prev and the assistant's ``n_steps`` drafts from there."""
+    ctx.clear()
+    ctx.decode(prompt, pos=0)
+    tok = int(np.argmax(ctx.get_logits(-1)))
+    h = ctx.get_embeddings(-1).copy()
+    drafts, _ = ctx.decode_mtp(attn_pos=len(prompt) - 1, last_token=tok, h_prev=h, n_steps=n_steps)
+    return np.asarray(drafts), h, np.asarray(ctx.get_logits(-1))
+
+
+def test_the_device_drafts_what_the_cpu_drafts(pair: dict[str, Any]) -> None:
+    """The same inputs give the same drafts on the device as on the CPU: the device's target rows are the
+    CPU's within float noise (its first draft's input), and the drafting graph ran there."""
+    prompt = pair["dev"].tokenize(PROMPTS[2])
+    d_dev, h_dev, row_dev = _drafts(pair["dev"], pair["dctx"], prompt, 4)
+    d_cpu, h_cpu, row_cpu = _drafts(pair["cpu"], pair["cctx"], prompt, 4)
+    assert np.max(np.abs(row_dev - row_cpu)) < 0.25, "the target's logits on the device are not the CPU's"
+    assert np.max(np.abs(h_dev - h_cpu)) < 0.2
+    assert d_dev.tolist() == d_cpu.tolist()
+
+
+def test_async_and_wait_equal_the_sync_call_on_the_device(pair: dict[str, Any]) -> None:
+    model, ctx = pair["dev"], pair["dctx"]
+    prompt = model.tokenize(PROMPTS[0])
+    want, h, _ = _drafts(model, ctx, prompt, 3)
+    tok = int(np.argmax(ctx.get_logits(-1)))
+    got, _ = ctx.decode_mtp_async(attn_pos=len(prompt) - 1, last_token=tok, h_prev=h, n_steps=3).wait()
+    assert np.asarray(got).tolist() == want.tolist()
+
+
+def test_appending_past_attn_pos_while_in_flight_keeps_the_drafts_on_the_device(pair: dict[str, Any]) -> None:
+    model, ctx = pair["dev"], pair["dctx"]
+    prompt = [2, 10, 20, 30]
+    want, h, _ = _drafts(model, ctx, prompt, 4)
+    tok = int(np.argmax(ctx.get_logits(-1)))
+    handle = ctx.decode_mtp_async(attn_pos=len(prompt) - 1, last_token=tok, h_prev=h, n_steps=4)
+    ctx.decode([tok, 11, 12], pos=len(prompt))  # the verify batch, while the drafts are computed
+    got, _ = handle.wait()
+    assert np.asarray(got).tolist() == want.tolist()
+
+
+def test_removing_kv_below_attn_pos_while_in_flight_drains_first_on_the_device(pair: dict[str, Any]) -> None:
+    from mtp_bindings.low_level import ffi, lib
+    from mtp_bindings.mtp import session_of
+
+    model, ctx = pair["dev"], pair["dctx"]
+    prompt = [2, 10, 20, 30, 40]
+    want, h, _ = _drafts(model, ctx, prompt, 4)
+    tok = int(np.argmax(ctx.get_logits(-1)))
+    ctx.decode_mtp_async(attn_pos=len(prompt) - 1, last_token=tok, h_prev=h, n_steps=4)
+    # straight to C, bypassing the Python drain: the library must drain by itself
+    assert lib.llama_memory_seq_rm(lib.llama_get_memory(ctx.ptr), 0, 1, -1)
+    out = np.zeros(16, dtype=np.int32)
+    assert lib.llama_decode_mtp_wait(ctx.ptr, ffi.from_buffer("llama_token[]", out), ffi.NULL) == 0
+    assert out[:4].tolist() == want.tolist()
+    session_of(ctx).in_flight = None  # the Python handle was bypassed on purpose
+
+
+def test_the_server_answers_from_the_device(tmp_path: Path, trained_paths: tuple[Path, Path]) -> None:
+    """``serve -ngl 99 -ngld 99 -dev Vulkan0``: a greedy completion equals the in-process device run."""
+    target, assistant = trained_paths
+    dev, _ = _load(target, assistant, n_gpu_layers=-1, devices=DEVICE)
+    with dev, dev.create_context(n_ctx=1024, n_threads=1, embeddings=True) as ctx:
+        ref = dev.generate(PROMPTS[0], max_tokens=N_TOKENS, temperature=0, draft_n_max=2, context=ctx)
+    with running_server(["-c", "1024", "-ngl", "99", "-ngld", "99", "-dev", DEVICE], tmp_path) as server:
+        resp = server.openai().completions.create(model="any", prompt=PROMPTS[0], max_tokens=N_TOKENS, temperature=0)
+        log = server.log.read_text(errors="replace")
+    assert resp.choices[0].text == ref.text
+    assert resp.usage.completion_tokens == ref.stats.n_generated
+    assert f"{DEVICE} model buffer size" in log or "offloaded" in log, log[-2000:]

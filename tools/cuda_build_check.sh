@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# cuda_build_check.sh [ARCH]: compile the patched llama.cpp with -DGGML_CUDA=ON for one GPU architecture
+# (default 90: Hopper, the H200 of DEVELOPERS.md) on a machine without a GPU, to catch a patch that breaks the
+# CUDA build before a GPU machine is lent. Builds libllama and ggml-cuda (CUB's TOP_K path included where the
+# toolkit has CCCL) in build/cuda-check; prints the time and the result. Not part of `make test` (20-60 min
+# on 2 cores: ggml-cuda is ~190 .cu files).
+#
+# The toolkit: nvcc on PATH or under $CUDA_HOME (/usr/local/cuda), else CUDA's compiler, headers and
+# libraries from PyPI into build/cuda-toolkit (nvidia-cuda-nvcc, -cuda-runtime, -cuda-cccl, -cublas,
+# -cuda-crt: about 1 GB). ggml-cuda links cuBLAS; a toolkit without it gets cuBLAS from PyPI the same way.
+# Needs the patched source in vendor/ (any `make install` leaves it there), cmake and ninja.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ARCH=${1:-90}
+SRC=vendor/llama.cpp
+OUT=build/cuda-check
+[ -d "$SRC/src" ] || { echo "no $SRC: run make install first" >&2; exit 1; }
+
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+if ! command -v nvcc >/dev/null && [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
+    CUDA_HOME=$PWD/build/cuda-toolkit
+fi
+if [ ! -x "$CUDA_HOME/bin/nvcc" ] && command -v nvcc >/dev/null; then
+    CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+fi
+pypi_toolkit() {  # CUDA 13's PyPI packages, laid out as a toolkit root under build/cuda-toolkit
+    local venv=build/cuda-toolkit-venv
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check "$@"
+    local site; site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    mkdir -p "$CUDA_HOME"
+    # each package installs under nvidia/<component>/ (cu13: nvidia/cu13/); merge them into one root
+    for d in "$site"/nvidia/*/ "$site"/nvidia/cu13/*/; do
+        [ -d "$d" ] || continue
+        for sub in bin include lib lib64 nvvm; do
+            [ -d "$d/$sub" ] && cp -rn "$d/$sub" "$CUDA_HOME/" 2>/dev/null || true
+        done
+    done
+    [ -d "$CUDA_HOME/lib" ] && [ ! -e "$CUDA_HOME/lib64" ] && ln -s lib "$CUDA_HOME/lib64"
+    return 0
+}
+if [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
+    echo "[cuda-check] no nvcc: installing CUDA's compiler and headers from PyPI into $CUDA_HOME"
+    pypi_toolkit nvidia-cuda-nvcc nvidia-cuda-runtime nvidia-cuda-cccl nvidia-cuda-crt nvidia-cublas
+fi
+if ! ls "$CUDA_HOME"/lib64/libcublas.so* >/dev/null 2>&1 && ! ls "$CUDA_HOME"/lib/libcublas.so* >/dev/null 2>&1; then
+    echo "[cuda-check] $CUDA_HOME has no cuBLAS: taking it from PyPI"
+    venv=build/cuda-toolkit-venv
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check nvidia-cublas
+    site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    CUBLAS_DIR=$(dirname "$(find "$site/nvidia" -name 'libcublas.so*' | head -1)")
+    CUBLAS_INC=$(dirname "$(find "$site/nvidia" -name 'cublas_v2.h' | head -1)")
+    # a toolkit root of our own: the system one linked in, cuBLAS beside it
+    MERGED=$PWD/build/cuda-toolkit-merged
+    rm -rf "$MERGED" && mkdir -p "$MERGED/lib64" "$MERGED/include"
+    for sub in bin nvvm; do ln -s "$CUDA_HOME/$sub" "$MERGED/$sub"; done
+    cp -rs "$CUDA_HOME/include/." "$MERGED/include/"
+    cp -rs "$CUBLAS_INC/." "$MERGED/include/" 2>/dev/null || true
+    cp -rs "$(readlink -f "$CUDA_HOME/lib64")/." "$MERGED/lib64/"
+    cp -rs "$CUBLAS_DIR/." "$MERGED/lib64/"
+    for f in "$MERGED"/lib64/libcublas*.so.*; do  # the unversioned names CMake's FindCUDAToolkit looks for
+        base=${f%%.so.*}.so; [ -e "$base" ] || ln -s "$(basename "$f")" "$base"
+    done
+    CUDA_HOME=$MERGED
+fi
+echo "[cuda-check] toolkit: $CUDA_HOME ($("$CUDA_HOME/bin/nvcc" --version | tail -1))"
+
+start=$(date +%s)
+rc=0
+cmake -S "$SRC" -B "$OUT" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+      -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCUDAToolkit_ROOT="$CUDA_HOME" \
+      -DCMAKE_CUDA_COMPILER="$CUDA_HOME/bin/nvcc" -DGGML_NATIVE=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
+      -DLLAMA_BUILD_COMMON=OFF -DLLAMA_OPENSSL=OFF > "$OUT.cmake.log" 2>&1 || rc=$?
+if [ $rc -ne 0 ]; then
+    tail -30 "$OUT.cmake.log"
+    echo "[cuda-check] configure FAILED after $(( $(date +%s) - start )) s"
+    exit $rc
+fi
+grep -E "CUDA Toolkit found|Using CUDA architectures|CUB" "$OUT.cmake.log" || true
+ninja -C "$OUT" llama ggml-cuda > "$OUT.build.log" 2>&1 || rc=$?
+took=$(( $(date +%s) - start ))
+if [ $rc -ne 0 ]; then
+    grep -E "error|FAILED" "$OUT.build.log" | head -30
+    echo "[cuda-check] build FAILED after $took s (log: $OUT.build.log)"
+    exit $rc
+fi
+echo "[cuda-check] OK: libllama and ggml-cuda for sm_$ARCH built in $took s ($(nproc) cores; log: $OUT.build.log)"
