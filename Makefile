@@ -78,7 +78,7 @@ install-vulkan: $(VENV_VULKAN)/.installed
 
 test-vulkan: install-vulkan
 	GGML_VK_VISIBLE_DEVICES=$${GGML_VK_VISIBLE_DEVICES:-0} PATH="$(abspath $(VENV_VULKAN))/bin:$$PATH" \
-		$(VENV_VULKAN)/bin/python -m pytest -m vulkan tests/test_vulkan.py
+		$(VENV_VULKAN)/bin/pytest -m vulkan -rs tests/test_vulkan.py
 
 clean:
 	rm -rf build vendor $(VENV) $(VENV_VULKAN)

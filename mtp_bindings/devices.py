@@ -49,19 +49,25 @@ class DeviceInfo:
 
     name: str          # what ``devices=`` / ``--device`` takes: ``Vulkan0``, ``CUDA1``, ``RPC0``, ...
     description: str   # the backend's words for it (``NVIDIA H200``, ``llvmpipe (LLVM 15.0.6, 256 bits)``)
-    free_bytes: int
-    total_bytes: int
+    free_bytes: int | None   # None for an RPC server's device: asking would reach the server
+    total_bytes: int | None
 
 
 def list_devices() -> list[DeviceInfo]:
     """Every device this build and process can offload to (the CPU is not one: it holds the rest).
-    A CPU-only build lists none; RPC servers appear once added (:func:`add_rpc_servers`)."""
+    A CPU-only build lists none; RPC servers' devices appear once added (:func:`add_rpc_servers`), without
+    their memory: ggml asks the server for it and aborts the process when the server has gone."""
     out = []
     for name, dev in _offload_devices():
-        free, total = ffi.new("size_t *"), ffi.new("size_t *")
-        lib.ggml_backend_dev_memory(dev, free, total)
+        free: int | None = None
+        total: int | None = None
+        reg = lib.ggml_backend_dev_backend_reg(dev)
+        if ffi.string(lib.ggml_backend_reg_name(reg)).decode() != RPC_REGISTRY:
+            f, t = ffi.new("size_t *"), ffi.new("size_t *")
+            lib.ggml_backend_dev_memory(dev, f, t)
+            free, total = int(f[0]), int(t[0])
         out.append(DeviceInfo(name, ffi.string(lib.ggml_backend_dev_description(dev)).decode(errors="replace"),
-                              int(free[0]), int(total[0])))
+                              free, total))
     return out
 
 

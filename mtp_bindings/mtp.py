@@ -60,12 +60,15 @@ def attach_assistant(model: LlamaModel, path: Any, n_gpu_layers: int | None = No
 
 def graph_stats(ctx: Context) -> dict[str, int]:
     """The context's MTP counters: requests, steps, graph builds and reuses, the threads the last
-    request's drafting graph computed with, and the backend splits of the current drafting graph
-    (1: one backend, e.g. the GPU or RPC worker holding every layer, computes a whole draft step)."""
+    request's drafting graph computed with, the backend splits of the current drafting graph
+    (1: one backend, e.g. the GPU or RPC worker holding every layer, computes a whole draft step), and the
+    draft steps' host<->device traffic (tensors moved, their bytes, the host's waits for a device; all 0
+    when every backend is a CPU)."""
     st = lib.llama_mtp_get_stats(ctx.ptr)
     return {"n_requests": st.n_requests, "n_steps": st.n_steps, "n_graph_builds": st.n_graph_builds,
             "n_graph_reuses": st.n_graph_reuses, "n_threads_last": st.n_threads_last,
-            "n_graph_splits": st.n_graph_splits}
+            "n_graph_splits": st.n_graph_splits, "n_transfers": st.n_transfers,
+            "n_transfer_bytes": st.n_transfer_bytes, "n_syncs": st.n_syncs}
 
 
 def set_worker_threads(ctx: Context, n_threads: int | None) -> None:

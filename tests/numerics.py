@@ -63,6 +63,11 @@ TOL: dict[str, Tolerance] = {
     "scaled_vs_trained": Tolerance(2.5e-2, 1.27e-2, "f16 KV: 4.1e-3 native, 8.8e-3 haswell, 1.27e-2 zen4; f32 KV: "
                                                        "8.2e-4 / 1.26e-2 / 1.23e-2 (prompt rows and 32 forced "
                                                        "tokens, five prompts); ~2x"),
+    # a GPU backend's rows of a batch of 2..5 tokens vs its one-token decodes (its kernels are not batch-invariant:
+    # patches 0101-0113 make the CPU's so); MTP against plain decoding on such a device is compared by the near-tie rule
+    "device_batch_vs_single": Tolerance(0.4, 0.188, "Vulkan on Mesa's lavapipe, every layer offloaded, plain greedy "
+                                                     "continuations of three prompts re-decoded in batches of 2-5: "
+                                                     "ple 0.188, keqv 0.077, dense 0.057, trained 0.003; ~2x"),
     # ours vs Hugging Face transformers (F32 fixtures, flash attention off): ggml's fp16 GELU table
     "ours_vs_hf": Tolerance(0.25, 0.13, "teacher-forced logits vs HF, random fixtures (PLE worst; position 0 "
                                         "<= 8e-3); 1.9x"),

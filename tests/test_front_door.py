@@ -309,7 +309,8 @@ def test_list_devices_prints_the_devices_dev_takes_and_exits():
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "Available devices:"
-    names = [d.name for d in list_devices()]
+    # this process's local devices (RPC servers other tests added stay registered here, not in the command's)
+    names = [d.name for d in list_devices() if d.total_bytes is not None]
     if names:
         assert [line.split(":")[0].strip() for line in lines[1:]] == names
     else:

@@ -250,6 +250,18 @@ def test_graph_is_reused_in_steady_state(dense):
 
 # --- status codes -------------------------------------------------------------------------------
 
+def test_drafting_on_the_cpu_moves_nothing_between_host_and_device(dense):
+    """The traffic counters (what a GPU's draft steps move and wait for) stay at zero where every backend is a
+    CPU: the CPU backend's synchronize is not a wait for a device, and host buffers need no copies."""
+    model, ctx = dense
+    tok, h, attn_pos = _prefill(model, ctx, [2, 10, 20, 30])
+    before = graph_stats(ctx)
+    ctx.decode_mtp(attn_pos=attn_pos, last_token=tok, h_prev=h, n_steps=3)
+    after = graph_stats(ctx)
+    assert after["n_steps"] - before["n_steps"] == 3
+    assert (after["n_transfers"], after["n_transfer_bytes"], after["n_syncs"]) == (0, 0, 0)
+
+
 def test_second_submit_and_wait_without_submit_give_busy(dense):
     model, ctx = dense
     tok, h, attn_pos = _prefill(model, ctx, [2, 5, 6])

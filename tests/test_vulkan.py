@@ -2,7 +2,8 @@
 
 Every layer of the target and of its assistant on the device (``n_gpu_layers=-1, devices="Vulkan0"``, the
 CLI's ``-ngl 99 -ngld 99 -dev Vulkan0``): the load puts the weights there, MTP at temperature 0 gives plain
-decoding's tokens on the device (dense and centroid heads, depth 2 on and off), the drafts are the CPU's
+decoding's tokens on the device up to near-ties (dense and centroid heads, depth 2 on and off; a device's
+kernels are not batch-invariant as the CPU's are), the drafts are the CPU's
 (the same argmax, or a near-tie of the CPU's draft logits), the asynchronous request equals the synchronous
 one, KV edits with a request in flight behave as the C API promises, and the server answers from the device.
 
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 
 from fixture_paths import PAIRS, fixture_path
-from numerics import assert_same_tokens
+from numerics import TOL, assert_agree, forced_rows
 from test_server import running_server
 
 # another GPU device runs the same tests: MTP_TEST_DEVICE=CUDA0 (tools/device_check.sh does, on a lent GPU)
@@ -96,15 +97,23 @@ def test_every_layer_of_target_and_assistant_is_on_the_device(pair: dict[str, An
 
 
 @pytest.mark.parametrize("depth2", [False, True], ids=["depth1", "depth2"])
-def test_greedy_mtp_equals_plain_greedy_on_the_device(pair: dict[str, Any], depth2: bool) -> None:
+def test_greedy_mtp_agrees_with_plain_greedy_on_the_device(pair: dict[str, Any], depth2: bool) -> None:
+    """The same tokens, or a parting at a near-tie of plain decoding's row: a device's kernels round a verify
+    batch's rows differently from one-token decodes (on the CPU the patches make them equal: exact there),
+    by up to ``device_batch_vs_single`` (measured on lavapipe: a parting at token 7 of the dense pair, 8.1556
+    vs 8.1357)."""
     model, ctx = pair["dev"], pair["dctx"]
     for prompt in PROMPTS:
         plain = model.generate(prompt, max_tokens=N_TOKENS, draft_n_max=0, context=ctx, temperature=0)
+        rows = None
         for n in (1, 3):
             spec = model.generate(prompt, max_tokens=N_TOKENS, draft_n_max=n, depth2=depth2, context=ctx,
                                   temperature=0)
             assert spec.stats.n_drafted > 0
-            assert_same_tokens(plain.tokens, spec.tokens, (pair["name"], prompt, n, "MTP vs plain on the device"))
+            if spec.tokens != plain.tokens and rows is None:
+                rows = forced_rows(ctx, model.tokenize(prompt), plain.tokens)
+            assert_agree(plain.tokens, spec.tokens, lambda i: rows[i], TOL["device_batch_vs_single"],
+                         (pair["name"], prompt, n, "MTP vs plain on the device"))
 
 
 def _drafts(model: Any, ctx: Any, prompt: list[int], n_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -171,9 +180,40 @@ def test_the_server_answers_from_the_device(tmp_path: Path, trained_paths: tuple
     dev, _ = _load(target, assistant, n_gpu_layers=-1, devices=DEVICE)
     with dev, dev.create_context(n_ctx=1024, n_threads=1, embeddings=True) as ctx:
         ref = dev.generate(PROMPTS[0], max_tokens=N_TOKENS, temperature=0, draft_n_max=2, context=ctx)
-    with running_server(["-c", "1024", "-ngl", "99", "-ngld", "99", "-dev", DEVICE], tmp_path) as server:
+    with running_server(["-c", "1024", "-ngl", "99", "-ngld", "99", "-dev", DEVICE, "-v"], tmp_path) as server:
         resp = server.openai().completions.create(model="any", prompt=PROMPTS[0], max_tokens=N_TOKENS, temperature=0)
         log = server.log.read_text(errors="replace")
     assert resp.choices[0].text == ref.text
     assert resp.usage.completion_tokens == ref.stats.n_generated
-    assert f"{DEVICE} model buffer size" in log or "offloaded" in log, log[-2000:]
+    # -v: llama.cpp's load log, which names the weights' buffer on the device
+    assert f"{DEVICE} model buffer size" in log, log[-3000:]
+
+
+def _traffic_per_step(model: Any, n_prompt: int, n_steps: int = 4) -> dict[str, float]:
+    """A drafting request's host<->device traffic per step (the counters of llama_mtp_stats) after a prompt of
+    ``n_prompt`` tokens: the drafting graph attends to that many cells of the target's KV cache."""
+    from mtp_bindings.mtp import graph_stats
+
+    prompt = [2 + i % 500 for i in range(n_prompt)]
+    with model.create_context(n_ctx=1024, n_threads=1, embeddings=True) as ctx:
+        _drafts(model, ctx, prompt, 1)  # builds the drafting graph for this KV size
+        before = graph_stats(ctx)
+        _drafts(model, ctx, prompt, n_steps)
+        after = graph_stats(ctx)
+    return {k: (after[k] - before[k]) / n_steps for k in ("n_transfers", "n_transfer_bytes", "n_syncs")}
+
+
+def test_a_draft_steps_host_device_traffic_is_counted(pair: dict[str, Any]) -> None:
+    """Every step moves its inputs and results between the host and the device and waits for it, and the
+    counters say so (on the CPU they stay at zero: test_mtp_api.py)."""
+    per_step = _traffic_per_step(pair["dev"], 40)
+    assert per_step["n_transfers"] >= 2 and per_step["n_transfer_bytes"] > 0, per_step
+    assert per_step["n_syncs"] >= 1, per_step
+
+
+@pytest.mark.xfail(strict=True, reason="issue 28 item 2, not done: every step uploads all of the drafting graph's "
+                                       "inputs again (its KQ masks grow with the KV cells attended to) and waits "
+                                       "for the device; the figures measured on lavapipe are in the issue's note")
+def test_a_draft_step_uploads_nothing_the_size_of_the_context(pair: dict[str, Any]) -> None:
+    short, long = _traffic_per_step(pair["dev"], 40), _traffic_per_step(pair["dev"], 700)
+    assert long["n_transfer_bytes"] <= short["n_transfer_bytes"] + 1024, (short, long)

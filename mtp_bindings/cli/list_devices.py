@@ -19,7 +19,9 @@ def devices_text() -> str:
 
     lines = ["Available devices:"]
     for d in list_devices():
-        lines.append(f"  {d.name}: {d.description} ({d.total_bytes // MIB} MiB, {d.free_bytes // MIB} MiB free)")
+        memory = "remote" if d.total_bytes is None or d.free_bytes is None else \
+            f"{d.total_bytes // MIB} MiB, {d.free_bytes // MIB} MiB free"
+        lines.append(f"  {d.name}: {d.description} ({memory})")
     if len(lines) == 1:
         lines.append("  (none: this build offloads to no device; the CPU holds every layer)")
     return "\n".join(lines) + "\n"

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# device_check.sh prepare | run [build|test|bench ...]: the GPU check of issue 28, for when a GPU machine is lent
+# (DEVELOPERS.md: one H200, nvcc, CMake, ninja, 16 cores, nothing reachable from it; 15 minutes of device time in
+# all, 10 a command).
+#
+#   prepare   here, with the patched source in vendor/ (any `make install`) and PyPI reachable: writes .device/
+#             (git-excluded): the patched llama.cpp tree trimmed to what the build compiles, and the wheels of the
+#             Python packages the GPU machine lacks (cffi, fastapi, uvicorn, openai, llguidance, ...; Python 3.12).
+#   run       there, in the repo root, through the device tool:
+#               run(command="bash tools/device_check.sh run", carry=[".device"], timeout_s=590)
+#             build: the package with -DGGML_CUDA=ON for sm_90 (and upstream's llama-server) into build/cuda,
+#                    installed under /tmp/mtp (a warm machine keeps build/: a second call only rebuilds changes);
+#             test:  tests/test_vulkan.py with MTP_TEST_DEVICE=CUDA0 (every layer of target and assistant on the
+#                    GPU: MTP greedy = plain greedy, drafts as on the CPU, KV edits in flight, the server);
+#             bench: bench/device_speed.py: plain vs MTP tokens/s with every layer offloaded, ours and upstream's
+#                    llama-server draft-mtp, on the bundled pair and (when time allows) the E2B-sized one.
+#             Everything lands in $OUT (logs, JUnit XML, bench JSON); each step stops before the command's limit.
+#
+# A dry run here (`bash tools/device_check.sh run build` with CUDA_ARCH unset and no GPU) gets as far as the
+# configure step; the test step then skips with "no device CUDA0".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+DEV=.device
+PY=${PYTHON:-python3}
+PYVER=${DEVICE_PYTHON_VERSION:-3.12}
+# the packages the GPU machine's image lacks (/work/.library/device/KINDS.md lists what it has)
+WHEELS="cffi pycparser fastapi starlette uvicorn openai pydantic pydantic-core annotated-types typing-inspection
+        jiter distro sniffio h11 click anyio"
+
+prepare() {
+    [ -f vendor/llama.cpp/.mtp-patches.json ] || { echo "no patched vendor/llama.cpp: run make install first" >&2; exit 1; }
+    mkdir -p "$DEV/whl"
+    grep -qx "/$DEV/" .git/info/exclude 2>/dev/null || echo "/$DEV/" >> .git/info/exclude
+    # what CMake compiles (no docs, models, tests, examples): with the stamps, the build takes the tree as is
+    tar -czf "$DEV/llama-src.tar.gz" -C vendor \
+        --exclude=llama.cpp/docs --exclude=llama.cpp/models --exclude=llama.cpp/tests --exclude=llama.cpp/benches \
+        --exclude=llama.cpp/examples --exclude=llama.cpp/.mtp-pristine --exclude='*.png' --exclude='*.gguf' llama.cpp
+    rm -f "$DEV"/whl/*.whl
+    # shellcheck disable=SC2086
+    "$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version "$PYVER" \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d "$DEV/whl" $WHEELS
+    du -sh "$DEV"/llama-src.tar.gz "$DEV/whl"
+}
+
+left() { echo $(( DEADLINE - $(date +%s) )); }
+
+step_build() {
+    mkdir -p vendor
+    if [ ! -f vendor/llama.cpp/.mtp-patches.json ] || [ "$DEV/llama-src.tar.gz" -nt vendor/llama.cpp/.mtp-patches.json ]; then
+        tar -xzf "$DEV/llama-src.tar.gz" -C vendor
+    fi
+    local start; start=$(date +%s)
+    local args="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90} -DGGML_NATIVE=ON"
+    CMAKE_ARGS="$args" MTP_BUILD_LLAMA_SERVER=ON CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+        timeout "$(left)" "$PY" -m pip install -v --no-build-isolation --no-deps --no-index --disable-pip-version-check \
+        --target /tmp/mtp --upgrade -C build-dir=build/cuda . > "$OUT/build.log" 2>&1
+    echo "[device-check] build: $(( $(date +%s) - start )) s ($(nproc) cores)" | tee -a "$OUT/summary.txt"
+}
+
+step_test() {
+    local start; start=$(date +%s)
+    MTP_TEST_DEVICE=${MTP_TEST_DEVICE:-CUDA0} PATH="/tmp/mtp/bin:$PATH" \
+        timeout "$(left)" "$PY" -m pytest -p no:cacheprovider -m vulkan tests/test_vulkan.py -rs -q \
+        --junitxml="$OUT/test.xml" > "$OUT/test.log" 2>&1 || echo "[device-check] tests: rc $?" >> "$OUT/summary.txt"
+    tail -3 "$OUT/test.log" | tee -a "$OUT/summary.txt"
+    echo "[device-check] test: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+}
+
+step_bench() {
+    local start; start=$(date +%s)
+    # plain vs MTP, every layer on the GPU: ours in process and upstream's llama-server (plain, draft-mtp)
+    for pair in tiny e2b; do
+        [ "$(left)" -gt 60 ] || { echo "[device-check] no time left for the $pair bench" | tee -a "$OUT/summary.txt"; break; }
+        PATH="/tmp/mtp/bin:$PATH" timeout "$(left)" "$PY" bench/device_speed.py --device "${MTP_TEST_DEVICE:-CUDA0}" \
+            --pair "$pair" --out "$OUT/speed-$pair.json" > /dev/null 2> "$OUT/speed-$pair.log" \
+            || echo "[device-check] $pair bench: rc $?" | tee -a "$OUT/summary.txt"
+    done
+    echo "[device-check] bench: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+}
+
+run() {
+    : "${OUT:=$ROOT/build/device-out}"
+    mkdir -p "$OUT"
+    # 10 minutes a command: stop each step with a margin for the files to come back
+    DEADLINE=$(( $(date +%s) + ${DEVICE_CHECK_SECONDS:-560} ))
+    if [ -d "$DEV/whl" ] && ls "$DEV"/whl/*.whl >/dev/null 2>&1; then
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$DEV"/whl/*.whl
+        export PYTHONPATH=/tmp/site
+    fi
+    export PYTHONPATH=/tmp/mtp${PYTHONPATH:+:$PYTHONPATH}
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1 || true
+    local steps=("$@")
+    [ ${#steps[@]} -gt 0 ] || steps=(build test bench)
+    for s in "${steps[@]}"; do
+        [ "$(left)" -gt 30 ] || { echo "[device-check] no time left for $s" | tee -a "$OUT/summary.txt"; break; }
+        "step_$s"
+    done
+}
+
+case "${1:-}" in
+    prepare) prepare ;;
+    run) shift; run "$@" ;;
+    *) echo "usage: $0 prepare | run [build|test|bench ...]" >&2; exit 2 ;;
+esac
