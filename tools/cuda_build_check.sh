@@ -7,7 +7,8 @@
 #
 # The toolkit: nvcc on PATH or under $CUDA_HOME (/usr/local/cuda), else CUDA's compiler, headers and
 # libraries from PyPI into build/cuda-toolkit (nvidia-cuda-nvcc, -cuda-runtime, -cuda-cccl, -cublas,
-# -cuda-crt: about 1 GB). ggml-cuda links cuBLAS; a toolkit without it gets cuBLAS from PyPI the same way.
+# -cuda-crt: about 1 GB). ggml-cuda links cuBLAS; a toolkit without it (this machine's /usr/local/cuda) gets
+# cuBLAS from PyPI (nvidia-cublas), handed to CMake by path.
 # Needs the patched source in vendor/ (any `make install` leaves it there), cmake and ninja.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,26 +44,25 @@ if [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
     echo "[cuda-check] no nvcc: installing CUDA's compiler and headers from PyPI into $CUDA_HOME"
     pypi_toolkit nvidia-cuda-nvcc nvidia-cuda-runtime nvidia-cuda-cccl nvidia-cuda-crt nvidia-cublas
 fi
+EXTRA=()
+# ggml-cuda links the driver (libcuda.so, for its virtual memory pool) unless GGML_CUDA_NO_VMM: a toolkit without
+# the driver's stub (this machine's) compiles everything else the same, with the pool of cudaMalloc'd blocks
+if ! find "$CUDA_HOME/" -name 'libcuda.so*' 2>/dev/null | grep -q .; then
+    echo "[cuda-check] no libcuda.so (driver or stub) under $CUDA_HOME: building with GGML_CUDA_NO_VMM=ON"
+    EXTRA+=(-DGGML_CUDA_NO_VMM=ON)
+fi
 if ! ls "$CUDA_HOME"/lib64/libcublas.so* >/dev/null 2>&1 && ! ls "$CUDA_HOME"/lib/libcublas.so* >/dev/null 2>&1; then
-    echo "[cuda-check] $CUDA_HOME has no cuBLAS: taking it from PyPI"
+    echo "[cuda-check] $CUDA_HOME has no cuBLAS: taking it from PyPI (nvidia-cublas)"
     venv=build/cuda-toolkit-venv
-    python3 -m venv "$venv"
+    [ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
     "$venv/bin/pip" install -q --disable-pip-version-check nvidia-cublas
     site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-    CUBLAS_DIR=$(dirname "$(find "$site/nvidia" -name 'libcublas.so*' | head -1)")
-    CUBLAS_INC=$(dirname "$(find "$site/nvidia" -name 'cublas_v2.h' | head -1)")
-    # a toolkit root of our own: the system one linked in, cuBLAS beside it
-    MERGED=$PWD/build/cuda-toolkit-merged
-    rm -rf "$MERGED" && mkdir -p "$MERGED/lib64" "$MERGED/include"
-    for sub in bin nvvm; do ln -s "$CUDA_HOME/$sub" "$MERGED/$sub"; done
-    cp -rs "$CUDA_HOME/include/." "$MERGED/include/"
-    cp -rs "$CUBLAS_INC/." "$MERGED/include/" 2>/dev/null || true
-    cp -rs "$(readlink -f "$CUDA_HOME/lib64")/." "$MERGED/lib64/"
-    cp -rs "$CUBLAS_DIR/." "$MERGED/lib64/"
-    for f in "$MERGED"/lib64/libcublas*.so.*; do  # the unversioned names CMake's FindCUDAToolkit looks for
-        base=${f%%.so.*}.so; [ -e "$base" ] || ln -s "$(basename "$f")" "$base"
-    done
-    CUDA_HOME=$MERGED
+    cublas=$(find "$site/nvidia" -name 'libcublas.so.*' | head -1)
+    cublaslt=$(find "$site/nvidia" -name 'libcublasLt.so.*' | head -1)
+    inc=$(dirname "$(find "$site/nvidia" -name 'cublas_v2.h' | head -1)")
+    # FindCUDAToolkit takes cached library paths as found; the headers go on the include path
+    EXTRA+=(-DCUDA_cublas_LIBRARY="$cublas" -DCUDA_cublasLt_LIBRARY="$cublaslt"
+            -DCMAKE_CUDA_FLAGS="-I$inc" -DCMAKE_CXX_FLAGS="-I$inc" -DCMAKE_C_FLAGS="-I$inc")
 fi
 echo "[cuda-check] toolkit: $CUDA_HOME ($("$CUDA_HOME/bin/nvcc" --version | tail -1))"
 
@@ -72,7 +72,7 @@ cmake -S "$SRC" -B "$OUT" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIB
       -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DCUDAToolkit_ROOT="$CUDA_HOME" \
       -DCMAKE_CUDA_COMPILER="$CUDA_HOME/bin/nvcc" -DGGML_NATIVE=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
-      -DLLAMA_BUILD_COMMON=OFF -DLLAMA_OPENSSL=OFF > "$OUT.cmake.log" 2>&1 || rc=$?
+      -DLLAMA_BUILD_COMMON=OFF -DLLAMA_OPENSSL=OFF "${EXTRA[@]}" > "$OUT.cmake.log" 2>&1 || rc=$?
 if [ $rc -ne 0 ]; then
     tail -30 "$OUT.cmake.log"
     echo "[cuda-check] configure FAILED after $(( $(date +%s) - start )) s"
