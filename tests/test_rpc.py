@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import socket
 import subprocess
 import time
@@ -22,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from native_log import native_log
 from test_server import _free_port, _mtp_available, _serve_command, running_server
 
 PROMPT = "import os\nimport sys\n\n\ndef parse_args(argv):\n"
@@ -101,15 +101,6 @@ def local_runs(trained_paths: tuple[Path, Path]) -> dict[bool, dict[str, Any]]:
     return runs
 
 
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 @pytest.fixture(scope="module")
 def rpc_runs(workers: list[str], trained_paths: tuple[Path, Path],
              local_runs: dict[bool, dict[str, Any]]) -> dict[str, Any]:
@@ -117,20 +108,10 @@ def rpc_runs(workers: list[str], trained_paths: tuple[Path, Path],
     from mtp_bindings import Model
 
     target, assistant = trained_paths
-    lines = _Lines()
-    native = logging.getLogger("mtp_bindings.native")
-    native.addHandler(lines)
-    level = native.level
-    native.setLevel(logging.DEBUG)
-    try:
-        with Model(target, assistant=assistant, rpc_servers=",".join(workers), n_gpu_layers=99,
-                   verbose=True) as model:
-            runs = {"plain": _generate(model, 0), "mtp": _generate(model, DRAFT_N_MAX),
-                    "devices": model.rpc_devices, "log": lines.lines, "endpoints": workers}
-    finally:
-        native.removeHandler(lines)
-        native.setLevel(level)
-    return runs
+    with native_log() as lines, Model(target, assistant=assistant, rpc_servers=",".join(workers), n_gpu_layers=99,
+                                      verbose=True) as model:
+        return {"plain": _generate(model, 0), "mtp": _generate(model, DRAFT_N_MAX),
+                "devices": model.rpc_devices, "log": lines, "endpoints": workers}
 
 
 def test_the_layers_are_split_across_both_workers(rpc_runs: dict[str, Any]) -> None:

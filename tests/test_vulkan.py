@@ -14,7 +14,6 @@ takes a CPU-type device only when named, ``GGML_VK_VISIBLE_DEVICES=0``, which ``
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 
 from fixture_paths import PAIRS, fixture_path
 from numerics import TOL, assert_agree, forced_rows
+from native_log import native_log
 from test_server import running_server
 
 # another GPU device runs the same tests: MTP_TEST_DEVICE=CUDA0 (tools/device_check.sh does, on a lent GPU)
@@ -45,30 +45,13 @@ pytestmark = pytest.mark.skipif(
            "needs GGML_VK_VISIBLE_DEVICES=0)")
 
 
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 def _load(target: Path, assistant: Path, **placement: Any) -> tuple[Any, list[str]]:
     """The pair loaded with ``placement``, and llama.cpp's load log."""
     from mtp_bindings import Model
 
-    lines = _Lines()
-    native = logging.getLogger("mtp_bindings.native")
-    native.addHandler(lines)
-    level = native.level
-    native.setLevel(logging.DEBUG)
-    try:
+    with native_log() as lines:
         model = Model(target, assistant=assistant, verbose=True, **placement)
-    finally:
-        native.removeHandler(lines)
-        native.setLevel(level)
-    return model, lines.lines
+    return model, lines
 
 
 @pytest.fixture(scope="module", params=["dense", "centroid", "trained"])
