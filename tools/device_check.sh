@@ -62,7 +62,7 @@ step_build() {
 step_test() {
     local start; start=$(date +%s)
     MTP_TEST_DEVICE=${MTP_TEST_DEVICE:-CUDA0} PATH="/tmp/mtp/bin:$PATH" \
-        timeout "$(left)" "$PY" -m pytest -p no:cacheprovider -m vulkan tests/test_vulkan.py -rs -q \
+        timeout "$(left)" "$PY" -P -m pytest -p no:cacheprovider -m vulkan tests/test_vulkan.py -rs -q \
         --junitxml="$OUT/test.xml" > "$OUT/test.log" 2>&1 || echo "[device-check] tests: rc $?" >> "$OUT/summary.txt"
     tail -3 "$OUT/test.log" | tee -a "$OUT/summary.txt"
     echo "[device-check] test: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
@@ -70,10 +70,10 @@ step_test() {
 
 step_bench() {
     local start; start=$(date +%s)
-    # plain vs MTP, every layer on the GPU: ours in process and upstream's llama-server (plain, draft-mtp)
+    # plain vs MTP, every layer on the GPU (-P: the installed package, not the checkout): ours in process and upstream's llama-server (plain, draft-mtp)
     for pair in tiny e2b; do
         [ "$(left)" -gt 60 ] || { echo "[device-check] no time left for the $pair bench" | tee -a "$OUT/summary.txt"; break; }
-        PATH="/tmp/mtp/bin:$PATH" timeout "$(left)" "$PY" bench/device_speed.py --device "${MTP_TEST_DEVICE:-CUDA0}" \
+        PATH="/tmp/mtp/bin:$PATH" timeout "$(left)" "$PY" -P bench/device_speed.py --device "${MTP_TEST_DEVICE:-CUDA0}" \
             --pair "$pair" --out "$OUT/speed-$pair.json" > /dev/null 2> "$OUT/speed-$pair.log" \
             || echo "[device-check] $pair bench: rc $?" | tee -a "$OUT/summary.txt"
     done
