@@ -61,14 +61,18 @@ def list_devices() -> list[DeviceInfo]:
     for name, dev in _offload_devices():
         free: int | None = None
         total: int | None = None
-        reg = lib.ggml_backend_dev_backend_reg(dev)
-        if ffi.string(lib.ggml_backend_reg_name(reg)).decode() != RPC_REGISTRY:
+        if not _is_rpc(dev):
             f, t = ffi.new("size_t *"), ffi.new("size_t *")
             lib.ggml_backend_dev_memory(dev, f, t)
             free, total = int(f[0]), int(t[0])
         out.append(DeviceInfo(name, ffi.string(lib.ggml_backend_dev_description(dev)).decode(errors="replace"),
                               free, total))
     return out
+
+
+def _is_rpc(dev: Any) -> bool:
+    """Whether ``dev`` is an RPC server's device (registered by :func:`add_rpc_servers`)."""
+    return ffi.string(lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev))).decode() == RPC_REGISTRY
 
 
 def parse_device_list(devices: str | Sequence[str]) -> list[str]:
@@ -267,8 +271,7 @@ def _local_default_devices() -> list[Any]:
     for _, dev in _offload_devices():
         kind = lib.ggml_backend_dev_type(dev)
         reg = lib.ggml_backend_dev_backend_reg(dev)
-        is_rpc = ffi.string(lib.ggml_backend_reg_name(reg)).decode() == RPC_REGISTRY
-        if kind == lib.GGML_BACKEND_DEVICE_TYPE_GPU and not is_rpc:
+        if kind == lib.GGML_BACKEND_DEVICE_TYPE_GPU and not _is_rpc(dev):
             gpus.append(dev)
         elif kind == lib.GGML_BACKEND_DEVICE_TYPE_IGPU and (
                 not igpus or reg == lib.ggml_backend_dev_backend_reg(igpus[-1])):

@@ -25,6 +25,7 @@ import pytest
 from fixture_paths import PAIRS, fixture_path
 from numerics import TOL, assert_agree, forced_rows
 from native_log import native_log
+from test_mtp_api import _prefill
 from test_server import running_server
 
 # another GPU device runs the same tests: MTP_TEST_DEVICE=CUDA0 (tools/device_check.sh does, on a lent GPU)
@@ -99,22 +100,22 @@ def test_greedy_mtp_agrees_with_plain_greedy_on_the_device(pair: dict[str, Any],
                          (pair["name"], prompt, n, "MTP vs plain on the device"))
 
 
-def _drafts(model: Any, ctx: Any, prompt: list[int], n_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The greedy next token after ``prompt``, its h_prev and the assistant's ``n_steps`` drafts from there."""
-    ctx.clear()
-    ctx.decode(prompt, pos=0)
-    tok = int(np.argmax(ctx.get_logits(-1)))
-    h = ctx.get_embeddings(-1).copy()
-    drafts, _ = ctx.decode_mtp(attn_pos=len(prompt) - 1, last_token=tok, h_prev=h, n_steps=n_steps)
-    return np.asarray(drafts), h, np.asarray(ctx.get_logits(-1))
+def _drafts(model: Any, ctx: Any, prompt: list[int], n_steps: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The assistant's ``n_steps`` drafts after ``prompt``, the h_prev they started from, and the greedy next
+    token they follow (test_mtp_api's prefill)."""
+    tok, h, attn_pos = _prefill(model, ctx, prompt)
+    drafts, _ = ctx.decode_mtp(attn_pos=attn_pos, last_token=tok, h_prev=h, n_steps=n_steps)
+    return np.asarray(drafts), h, tok
 
 
 def test_the_device_drafts_what_the_cpu_drafts(pair: dict[str, Any]) -> None:
     """The same inputs give the same drafts on the device as on the CPU: the device's target rows are the
     CPU's within float noise (its first draft's input), and the drafting graph ran there."""
     prompt = pair["dev"].tokenize(PROMPTS[2])
-    d_dev, h_dev, row_dev = _drafts(pair["dev"], pair["dctx"], prompt, 4)
-    d_cpu, h_cpu, row_cpu = _drafts(pair["cpu"], pair["cctx"], prompt, 4)
+    d_dev, h_dev, _ = _drafts(pair["dev"], pair["dctx"], prompt, 4)
+    row_dev = np.asarray(pair["dctx"].get_logits(-1))
+    d_cpu, h_cpu, _ = _drafts(pair["cpu"], pair["cctx"], prompt, 4)
+    row_cpu = np.asarray(pair["cctx"].get_logits(-1))
     assert np.max(np.abs(row_dev - row_cpu)) < 0.25, "the target's logits on the device are not the CPU's"
     assert np.max(np.abs(h_dev - h_cpu)) < 0.2
     assert d_dev.tolist() == d_cpu.tolist()
@@ -123,8 +124,7 @@ def test_the_device_drafts_what_the_cpu_drafts(pair: dict[str, Any]) -> None:
 def test_async_and_wait_equal_the_sync_call_on_the_device(pair: dict[str, Any]) -> None:
     model, ctx = pair["dev"], pair["dctx"]
     prompt = model.tokenize(PROMPTS[0])
-    want, h, _ = _drafts(model, ctx, prompt, 3)
-    tok = int(np.argmax(ctx.get_logits(-1)))
+    want, h, tok = _drafts(model, ctx, prompt, 3)
     got, _ = ctx.decode_mtp_async(attn_pos=len(prompt) - 1, last_token=tok, h_prev=h, n_steps=3).wait()
     assert np.asarray(got).tolist() == want.tolist()
 
@@ -132,8 +132,7 @@ def test_async_and_wait_equal_the_sync_call_on_the_device(pair: dict[str, Any]) 
 def test_appending_past_attn_pos_while_in_flight_keeps_the_drafts_on_the_device(pair: dict[str, Any]) -> None:
     model, ctx = pair["dev"], pair["dctx"]
     prompt = [2, 10, 20, 30]
-    want, h, _ = _drafts(model, ctx, prompt, 4)
-    tok = int(np.argmax(ctx.get_logits(-1)))
+    want, h, tok = _drafts(model, ctx, prompt, 4)
     handle = ctx.decode_mtp_async(attn_pos=len(prompt) - 1, last_token=tok, h_prev=h, n_steps=4)
     ctx.decode([tok, 11, 12], pos=len(prompt))  # the verify batch, while the drafts are computed
     got, _ = handle.wait()
@@ -146,8 +145,7 @@ def test_removing_kv_below_attn_pos_while_in_flight_drains_first_on_the_device(p
 
     model, ctx = pair["dev"], pair["dctx"]
     prompt = [2, 10, 20, 30, 40]
-    want, h, _ = _drafts(model, ctx, prompt, 4)
-    tok = int(np.argmax(ctx.get_logits(-1)))
+    want, h, tok = _drafts(model, ctx, prompt, 4)
     ctx.decode_mtp_async(attn_pos=len(prompt) - 1, last_token=tok, h_prev=h, n_steps=4)
     # straight to C, bypassing the Python drain: the library must drain by itself
     assert lib.llama_memory_seq_rm(lib.llama_get_memory(ctx.ptr), 0, 1, -1)

@@ -5,9 +5,8 @@
 # toolkit has CCCL) in build/cuda-check; prints the time and the result. Not part of `make test` (20-60 min
 # on 2 cores: ggml-cuda is ~190 .cu files).
 #
-# The toolkit: nvcc on PATH or under $CUDA_HOME (/usr/local/cuda), else CUDA's compiler, headers and
-# libraries from PyPI into build/cuda-toolkit (nvidia-cuda-nvcc, -cuda-runtime, -cuda-cccl, -cublas,
-# -cuda-crt: about 1 GB). ggml-cuda links cuBLAS; a toolkit without it (this machine's /usr/local/cuda) gets
+# The toolkit: nvcc under $CUDA_HOME (/usr/local/cuda) or on PATH, as the toolkit's layout (targets/...) that
+# nvcc and CMake expect. ggml-cuda links cuBLAS; a toolkit without it (this machine's /usr/local/cuda) gets
 # cuBLAS from PyPI (nvidia-cublas), handed to CMake by path.
 # Needs the patched source in vendor/ (any `make install` leaves it there), cmake and ninja.
 set -euo pipefail
@@ -18,32 +17,10 @@ OUT=build/cuda-check
 [ -d "$SRC/src" ] || { echo "no $SRC: run make install first" >&2; exit 1; }
 
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-if ! command -v nvcc >/dev/null && [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
-    CUDA_HOME=$PWD/build/cuda-toolkit
-fi
 if [ ! -x "$CUDA_HOME/bin/nvcc" ] && command -v nvcc >/dev/null; then
     CUDA_HOME=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
 fi
-pypi_toolkit() {  # CUDA 13's PyPI packages, laid out as a toolkit root under build/cuda-toolkit
-    local venv=build/cuda-toolkit-venv
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install -q --disable-pip-version-check "$@"
-    local site; site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-    mkdir -p "$CUDA_HOME"
-    # each package installs under nvidia/<component>/ (cu13: nvidia/cu13/); merge them into one root
-    for d in "$site"/nvidia/*/ "$site"/nvidia/cu13/*/; do
-        [ -d "$d" ] || continue
-        for sub in bin include lib lib64 nvvm; do
-            [ -d "$d/$sub" ] && cp -rn "$d/$sub" "$CUDA_HOME/" 2>/dev/null || true
-        done
-    done
-    [ -d "$CUDA_HOME/lib" ] && [ ! -e "$CUDA_HOME/lib64" ] && ln -s lib "$CUDA_HOME/lib64"
-    return 0
-}
-if [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
-    echo "[cuda-check] no nvcc: installing CUDA's compiler and headers from PyPI into $CUDA_HOME"
-    pypi_toolkit nvidia-cuda-nvcc nvidia-cuda-runtime nvidia-cuda-cccl nvidia-cuda-crt nvidia-cublas
-fi
+[ -x "$CUDA_HOME/bin/nvcc" ] || { echo "[cuda-check] no nvcc (on PATH or under \$CUDA_HOME): install a CUDA toolkit" >&2; exit 1; }
 EXTRA=()
 # ggml-cuda links the driver (libcuda.so, for its virtual memory pool) unless GGML_CUDA_NO_VMM: a toolkit without
 # the driver's stub (this machine's) compiles everything else the same, with the pool of cudaMalloc'd blocks
