@@ -3,8 +3,10 @@
 
 For each pair (``e2b``: the demo's E2B-sized q4_K pair, built and cached by ``scale_pair``; ``tiny``: the
 bundled trained pair), temperature (0; 0.7 with the library's sampling defaults; 1.5 with top_k 0) and
-prompt, one run each of plain decoding (``draft_n_max=0``), every fixed count 1..4 and ``auto`` (the
-default: no drafting argument at all), interleaved per prompt, ``ignore_eos`` so every run is as long.
+prompt, plain decoding (``draft_n_max=0``), every fixed count 1..4 and ``auto`` (the default: no drafting
+argument at all), interleaved per prompt, ``ignore_eos`` so every run is as long. A cell is the mean over the
+prompts of the median of ``--repeats`` interleaved rounds (default per pair: the tiny pair's runs last a
+fraction of a second, and one run each measured the machine's jitter more than the setting).
 Everything goes through ``Model.generate`` without a context argument, as a user's script calls it: the
 model's kept context, on which ``auto`` starts cold at the first prompt and learns across the rest.
 
@@ -45,6 +47,7 @@ TEMPERATURES = {"0": {"temperature": 0.0}, "0.7": {"temperature": 0.7},
 FIXED = (1, 2, 3, 4)
 PAIR_TOKENS = {"e2b": 96, "tiny": 256}
 PAIR_PROMPTS = {"e2b": 2, "tiny": 3}
+PAIR_REPEATS = {"e2b": 1, "tiny": 5}
 
 
 def log(msg: str) -> None:
@@ -64,7 +67,7 @@ def pair_files(name: str) -> tuple[str, str]:
     return str(pair.target["q4_K"]), str(pair.centroid["q4_K"])
 
 
-def child(pairs: Sequence[str], tokens: int | None) -> dict[str, Any]:
+def child(pairs: Sequence[str], tokens: int | None, repeats: int | None) -> dict[str, Any]:
     """The whole matrix in this process: per pair, temperature, setting, the runs' tokens/s."""
     from mtp_bindings import Model
 
@@ -79,11 +82,17 @@ def child(pairs: Sequence[str], tokens: int | None) -> dict[str, Any]:
             for tname, sampling in TEMPERATURES.items():
                 runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in settings()}
                 for pi, prompt in enumerate(prompts):
-                    for label, draft in settings():
-                        r = model.generate(prompt, max_tokens=n, ignore_eos=True, seed=1000 + pi, **sampling, **draft)
-                        s = r.stats
+                    per_prompt: dict[str, list[Any]] = {label: [] for label, _ in settings()}
+                    for _ in range(repeats or PAIR_REPEATS[pair]):
+                        for label, draft in settings():
+                            r = model.generate(prompt, max_tokens=n, ignore_eos=True, seed=1000 + pi,
+                                               **sampling, **draft)
+                            per_prompt[label].append(r.stats)
+                    for label, stats in per_prompt.items():
+                        s = sorted(stats, key=lambda st: st.tokens_per_second)[len(stats) // 2]  # the median run
                         runs[label].append({"tokens_per_s": s.tokens_per_second, "acceptance": s.acceptance_rate,
-                                            "rounds_per_k": s.rounds_per_k, "policy": s.draft_policy})
+                                            "rounds_per_k": s.rounds_per_k, "policy": s.draft_policy,
+                                            "all_tokens_per_s": [st.tokens_per_second for st in stats]})
                     log(f"{pair} T={tname} prompt {pi + 1}/{len(prompts)}: " + ", ".join(
                         f"{lab} {runs[lab][-1]['tokens_per_s']:.1f}" for lab, _ in settings()))
                 cells[tname] = runs
@@ -107,7 +116,8 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     m = result["meta"]
     lines = ["# auto draft count vs plain and every fixed count", "",
-             f"{m['cpu']} ({m['isa']}), {m['date']}; mean tokens/s of the prompts, one run each, interleaved; "
+             f"{m['cpu']} ({m['isa']}), {m['date']}; mean over the prompts of the median tokens/s of "
+             f"{m.get('repeats', 'one')} interleaved runs; "
              "`auto` starts cold on the model's kept context at the first prompt.", "",
              "| variant | pair | T | plain | " + " | ".join(f"k={k}" for k in FIXED)
              + " | auto | auto / best fixed | auto / plain | auto's rounds by k |",
@@ -146,11 +156,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--variant", action="append", default=[], metavar="NAME=LIBDIR",
                    help="a libggml-cpu.so build to run under (LIBDIR empty: the package's own); repeatable")
     p.add_argument("--tokens", type=int, default=None, help="tokens per run (default: per pair)")
+    p.add_argument("--repeats", type=int, default=None, help="interleaved runs per prompt (default: per pair)")
     p.add_argument("--out", type=Path, default=RESULTS / "auto_draft.json")
     p.add_argument("--_child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args._child:
-        print(json.dumps(child(args.pairs, args.tokens)))
+        print(json.dumps(child(args.pairs, args.tokens, args.repeats)))
         return 0
     variants = dict(spec.partition("=")[::2] for spec in (args.variant or ["package="]))
     result: dict[str, Any] = {"variants": {}}
@@ -160,10 +171,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         cmd = [sys.executable, __file__, "--_child", "--pairs", *args.pairs]
         if args.tokens:
             cmd += ["--tokens", str(args.tokens)]
+        if args.repeats:
+            cmd += ["--repeats", str(args.repeats)]
         res = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=True)
         result["variants"][name] = json.loads(res.stdout.strip().splitlines()[-1])
     result["meta"] = {"cpu": ds._cpu_name(), "isa": _isa(), "date": time.strftime("%Y-%m-%d %H:%M"), "variants": variants,
-                      "load_average": os.getloadavg()}
+                      "load_average": os.getloadavg(),
+                      "repeats": ", ".join(f"{pr} {args.repeats or PAIR_REPEATS[pr]}" for pr in args.pairs)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     md = markdown(result)
