@@ -150,7 +150,7 @@ class SamplingParams:
                                                                                   "parameter p (1: off)"))
     top_n_sigma: float = field(default=DEFAULT_TOP_N_SIGMA,
                                metadata=_bounds(-100.0, 100.0, "keep tokens within n standard deviations of the "
-                                                               "top logit (negative: off)"))
+                                                               "top logit (<= 0: off)"))
     xtc_probability: float = field(default=DEFAULT_XTC_PROBABILITY,
                                    metadata=_bounds(0.0, 1.0, "chance that XTC removes the top tokens (0: off)"))
     xtc_threshold: float = field(default=DEFAULT_XTC_THRESHOLD,
