@@ -67,6 +67,7 @@ class SamplerChain:
             self._bias = self._add_samplers(params, vocab)
         except BaseException:
             lib.llama_sampler_free(self._chain)
+            self._chain = None
             raise
         self.stateful = params.has_penalties or params.has_dry
         # the tokens of history that decide the chain's state: the longest window of its history samplers
