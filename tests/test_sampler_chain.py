@@ -6,8 +6,9 @@ The reference chain is built here with the raw C calls, in the order of the pin'
 ``common_sampler_init`` (common/sampling.cpp): logit_bias, penalties, dry, top_n_sigma, top_k,
 typical, top_p, min_p, xtc, temperature, dist. Distances are total variation between empirical
 distributions of ``N`` seeded draws each (the row's long tail in one bucket); the noise floor is the
-distance between two reference runs with different seeds. Seeds are fixed, so each figure is the same on every run. The bundled tiny
-model gives the vocabulary (1,024 tokens; DRY tokenizes its sequence breakers with it).
+distance between two reference runs with different seeds. Seeds are fixed, so each figure is the
+same on every run. The bundled tiny model gives the vocabulary (1,024 tokens; DRY tokenizes its
+sequence breakers with it).
 """
 
 from __future__ import annotations
