@@ -101,14 +101,30 @@ def _int(lo: int | None, hi: int | None, help: str) -> dict[str, Any]:  # noqa: 
 # The defaults of every front end (Model.generate / chat, the command line, the server), in this one
 # place: llama-server's (``common_params_sampling`` in vendor/llama.cpp/common/common.h at the pin:
 # temp 0.80, top_k 40, top_p 0.95, min_p 0.05, penalty_last_n 64 with penalty_repeat 1.0 / freq 0 /
-# present 0, i.e. penalties off), which llama-cpp-python shares -- so that a prompt moved here from
-# either samples the same way. Greedy decoding is ``temperature=0``. Where llama.cpp reads -1 or 0 as
-# "off" / "all" / "random", so does this (the bounds below say which).
+# present 0, i.e. penalties off; typical_p 1 and top_n_sigma -1, off; xtc_probability 0 (off) with
+# xtc_threshold 0.10; dry_multiplier 0 (off) with dry_base 1.75, dry_allowed_length 2,
+# dry_penalty_last_n 64 and the sequence breakers "\n", ":", '"', "*"), which llama-cpp-python shares --
+# so that a prompt moved here from either samples the same way. Greedy decoding is ``temperature=0``.
+# Where llama.cpp reads -1 or 0 as "off" / "all" / "random", so does this (the bounds below say which).
+# The samplers run in llama-server's order (SAMPLER_ORDER), through llama.cpp's own sampler chain
+# (mtp_bindings.generation.chain).
 DEFAULT_TEMPERATURE = 0.8
 DEFAULT_TOP_K = 40
 DEFAULT_TOP_P = 0.95
 DEFAULT_MIN_P = 0.05
 DEFAULT_REPEAT_LAST_N = 64
+DEFAULT_TYPICAL_P = 1.0
+DEFAULT_TOP_N_SIGMA = -1.0
+DEFAULT_XTC_PROBABILITY = 0.0
+DEFAULT_XTC_THRESHOLD = 0.1
+DEFAULT_DRY_MULTIPLIER = 0.0
+DEFAULT_DRY_BASE = 1.75
+DEFAULT_DRY_ALLOWED_LENGTH = 2
+DEFAULT_DRY_PENALTY_LAST_N = 64
+DEFAULT_DRY_SEQUENCE_BREAKERS = ("\n", ":", "\"", "*")
+# llama-server's sampler order (common_params_sampling::samplers at the pin), after logit_bias; the names are
+# llama-server's ("samplers" in /props); temperature is last, and the final draw (dist) follows it
+SAMPLER_ORDER = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
 WHOLE_CONTEXT = -1  # repeat_last_n = -1: the penalties look back over the whole context (llama.cpp's)
 RANDOM_SEED = -1  # seed = -1: a fresh random seed, as None (llama.cpp's LLAMA_DEFAULT_SEED)
 
@@ -130,6 +146,27 @@ class SamplingParams:
     frequency_penalty: float = field(default=0.0, metadata=_bounds(-100.0, 100.0, "frequency penalty (0: off)"))
     seed: int | None = field(default=None, metadata=_int(RANDOM_SEED, None, "random seed (None or -1: fresh)"))
     logit_bias: dict[int, float] | None = None
+    typical_p: float = field(default=DEFAULT_TYPICAL_P, metadata=_bounds(0.0, 1.0, "locally typical sampling, "
+                                                                                  "parameter p (1: off)"))
+    top_n_sigma: float = field(default=DEFAULT_TOP_N_SIGMA,
+                               metadata=_bounds(-100.0, 100.0, "keep tokens within n standard deviations of the "
+                                                               "top logit (<= 0: off)"))
+    xtc_probability: float = field(default=DEFAULT_XTC_PROBABILITY,
+                                   metadata=_bounds(0.0, 1.0, "chance that XTC removes the top tokens (0: off)"))
+    xtc_threshold: float = field(default=DEFAULT_XTC_THRESHOLD,
+                                 metadata=_bounds(0.0, 1.0, "probability above which XTC removes a token "
+                                                            "(> 0.5: off)"))
+    dry_multiplier: float = field(default=DEFAULT_DRY_MULTIPLIER,
+                                  metadata=_bounds(0.0, 100.0, "DRY repetition penalty multiplier (0: off)"))
+    dry_base: float = field(default=DEFAULT_DRY_BASE, metadata=_bounds(0.0, 100.0, "DRY penalty base (< 1: DRY "
+                                                                                  "off)"))
+    dry_allowed_length: int = field(default=DEFAULT_DRY_ALLOWED_LENGTH,
+                                    metadata=_int(0, None, "repetitions longer than this get the DRY penalty"))
+    dry_penalty_last_n: int = field(default=DEFAULT_DRY_PENALTY_LAST_N,
+                                    metadata=_int(WHOLE_CONTEXT, None, "tokens DRY scans for repetitions (0: off, "
+                                                                       "-1: the whole context)"))
+    dry_sequence_breakers: tuple[str, ...] = field(default=DEFAULT_DRY_SEQUENCE_BREAKERS,
+                                                   metadata={"help": "strings that end a DRY repetition"})
 
     def __post_init__(self) -> None:
         check_bounds(self)
@@ -137,6 +174,11 @@ class SamplingParams:
             if not isinstance(self.logit_bias, dict) or not all(
                     _is_int(k) and k >= 0 and _is_number(v) for k, v in self.logit_bias.items()):
                 raise InvalidParameterError("logit_bias must map token ids (ints >= 0) to numbers")
+        if isinstance(self.dry_sequence_breakers, list):  # a list is taken as given, kept as a tuple (hashable)
+            object.__setattr__(self, "dry_sequence_breakers", tuple(self.dry_sequence_breakers))
+        if not isinstance(self.dry_sequence_breakers, tuple) or not all(
+                isinstance(b, str) and b for b in self.dry_sequence_breakers):
+            raise InvalidParameterError("dry_sequence_breakers must be a sequence of non-empty strings")
         if self.top_p == 0.0:
             raise InvalidParameterError("top_p must be > 0")
         if self.repeat_penalty == 0.0:
@@ -148,15 +190,28 @@ class SamplingParams:
 
     def resolved(self, n_ctx: int) -> SamplingParams:
         """These settings with llama.cpp's special values spelled out for a context of ``n_ctx``
-        tokens: ``seed`` -1 -> None (fresh), ``repeat_last_n`` -1 -> ``n_ctx``, ``top_k`` -1 -> 0 (all)."""
+        tokens: ``seed`` -1 -> None (fresh), ``repeat_last_n`` and ``dry_penalty_last_n`` -1 -> ``n_ctx``,
+        ``top_k`` -1 -> 0 (all)."""
         return replace(self, seed=None if self.seed == RANDOM_SEED else self.seed,
                        repeat_last_n=n_ctx if self.repeat_last_n == WHOLE_CONTEXT else self.repeat_last_n,
+                       dry_penalty_last_n=n_ctx if self.dry_penalty_last_n == WHOLE_CONTEXT
+                       else self.dry_penalty_last_n,
                        top_k=max(self.top_k, 0))
 
     @property
     def has_penalties(self) -> bool:
         return (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0) \
             and self.repeat_last_n != 0
+
+    @property
+    def has_dry(self) -> bool:
+        """Whether DRY is on (llama.cpp's rule: a multiplier, a base >= 1 and a window)."""
+        return self.dry_multiplier != 0.0 and self.dry_base >= 1.0 and self.dry_penalty_last_n != 0
+
+    @property
+    def has_xtc(self) -> bool:
+        """Whether XTC can remove tokens (llama.cpp's rule: a probability and a threshold <= 0.5)."""
+        return self.xtc_probability > 0.0 and self.xtc_threshold <= 0.5
 
 
 SAMPLING_DEFAULTS = SamplingParams()

@@ -29,7 +29,7 @@ TIERS: dict[str, tuple[str, ...]] = {
                  "test_bad_input.py"),
     "generation": ("test_generate.py", "test_speculative.py", "test_logprobs.py", "test_hf_reference.py",
                    "test_upstream_parity.py", "test_soak.py", "test_scale_pair.py", "test_structured_output.py",
-                   "test_auto_draft.py", "test_loop_rule.py"),
+                   "test_auto_draft.py", "test_loop_rule.py", "test_sampler_chain.py"),
     "tools": ("test_cli.py", "test_cli_compat.py", "test_cli_chat.py",
               "test_front_door.py", "test_examples.py", "test_bench_smoke.py", "test_build.py",
               "test_placement_flags.py", "test_sdist.py"),

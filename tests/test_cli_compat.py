@@ -244,3 +244,57 @@ def test_no_hint_says_a_feature_we_have_is_not_implemented():
 
     stale = [(flags, hint) for flags, hint in UNSUPPORTED if "not implemented" in hint or "no prompt cache" in hint]
     assert not stale
+
+
+# --- llama-server's other samplers (issue 27) ---------------------------------------------------
+
+LLAMA_SAMPLER_FLAGS = ["--typical", "0.9", "--top-n-sigma", "1.5", "--xtc-probability", "0.5", "--xtc-threshold",
+                       "0.2", "--dry-multiplier", "0.8", "--dry-base", "1.5", "--dry-allowed-length", "3",
+                       "--dry-penalty-last-n", "-1", "--dry-sequence-breaker", "\n", "--dry-sequence-breaker", "##"]
+
+
+def test_llama_cpps_sampler_flags_reach_the_library_with_their_values():
+    from mtp_bindings.cli.generate import gen_kwargs
+
+    class Ctx:
+        n_ctx = 64
+
+    kwargs = gen_kwargs(parse("generate", "-p", "x", *LLAMA_SAMPLER_FLAGS), Ctx())
+    assert {k: kwargs[k] for k in ("typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "dry_multiplier",
+                                   "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers")} \
+        == {"typical_p": 0.9, "top_n_sigma": 1.5, "xtc_probability": 0.5, "xtc_threshold": 0.2, "dry_multiplier": 0.8,
+            "dry_base": 1.5, "dry_allowed_length": 3, "dry_penalty_last_n": -1, "dry_sequence_breakers": ("\n", "##")}
+
+
+def test_the_sampler_flags_default_to_the_librarys_values():
+    from mtp_bindings.cli.args import SAMPLING_FLAGS, dry_sequence_breakers
+    from mtp_bindings.params import SAMPLING_DEFAULTS
+
+    args = parse("chat")
+    for flag, name, _, _ in SAMPLING_FLAGS:
+        dest = flag.lstrip("-").replace("-", "_")
+        assert getattr(args, dest) == getattr(SAMPLING_DEFAULTS, name), flag
+    assert dry_sequence_breakers(args.dry_sequence_breaker) == SAMPLING_DEFAULTS.dry_sequence_breakers
+
+
+def test_llama_cpps_other_spellings_of_typical_and_top_n_sigma_are_taken():
+    args = parse("generate", "-p", "x", "--typical-p", "0.7", "--top-nsigma", "2")
+    assert (args.typical, args.top_n_sigma) == (0.7, 2.0)
+
+
+def test_dry_sequence_breaker_none_clears_the_breakers_before_it_as_llama_cpp():
+    from mtp_bindings.cli.args import dry_sequence_breakers
+
+    assert dry_sequence_breakers(["none"]) == ()
+    assert dry_sequence_breakers(["a", "none", "b"]) == ("b",)
+
+
+def test_a_sampler_flag_out_of_range_is_refused_naming_the_flag():
+    one_error(run("generate", "-p", "x", "-n", "2", "--xtc-probability", "2"), "--xtc-probability")
+
+
+def test_generate_samples_with_llama_servers_other_samplers():
+    out = run("generate", "-p", "def parse(argv):\n", "-n", "12", "--json", "--seed", "3", "--ignore-eos",
+              *LLAMA_SAMPLER_FLAGS)
+    assert out.returncode == 0, out.stderr
+    assert len(json.loads(out.stdout)["tokens"]) == 12

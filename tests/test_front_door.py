@@ -240,12 +240,15 @@ def test_every_unsupported_flag_is_refused_by_every_command_that_lacks_it():
     template = ("--chat-template", "--chat-template-file")
     batch = ("-b", "--batch-size", "-ub", "--ubatch-size")
     embed = ("--embd-normalize", "--embedding", "--embeddings", "--pooling", "--slot-save-path")
+    samplers = ("--typical", "--typical-p", "--top-nsigma", "--top-n-sigma", "--xtc-probability", "--xtc-threshold",
+                "--dry-multiplier", "--dry-base", "--dry-allowed-length", "--dry-penalty-last-n",
+                "--dry-sequence-breaker")
     assert sorted(supported) == sorted(
         [("chat", "--system-prompt"), ("chat", "-sys"), ("chat", "-st"), ("chat", "--single-turn"),
          ("generate", "--file"), ("generate", "-f")]
         + [(c, "--jinja") for c in ("generate", "chat", "serve")]
         + [(c, f) for c in ("chat", "serve") for f in template]
-        + [(c, f) for c in ("generate", "chat") for f in constraint + batch]
+        + [(c, f) for c in ("generate", "chat") for f in constraint + batch + samplers]
         + [("serve", f) for f in embed])
 
 

@@ -6,7 +6,11 @@ A spy wraps the loop's verifier and rejection sampler (test-side subclasses patc
 verified. An oracle written here from the rule's definition then replays the generation from those rows
 alone -- argmax at temperature 0; at temperature > 0 Leviathan et al.'s rule for one-hot drafts (accept
 ``d`` with probability ``p(d)``, else draw from ``p`` without ``d``; the bonus token from the last row),
-with a generator seeded as the generation's -- and must emit exactly the generation's tokens. So a
+with a generator seeded as the generation's -- and must emit exactly the generation's tokens. The
+oracle's distribution is written here too (softmax(row / T) over the whole vocabulary); the order its
+candidates are drawn in and the inverse-CDF draw are the package's one convention
+(:func:`~mtp_bindings.generation.sampling.candidate_distribution`: ascending token id;
+:func:`~mtp_bindings.generation.sampling.draw_index`), not a copy per test. So a
 loop that kept a wrong prefix, read a stale row, skipped or double-consumed a random draw, or emitted a
 draft the rule rejected fails here bit for bit, independently of whether the rows themselves are right
 (that is the numerics tests' job: tests/numerics.py).
@@ -14,7 +18,7 @@ draft the rule rejected fails here bit for bit, independently of whether the row
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -22,6 +26,7 @@ import pytest
 
 from mtp_bindings.generation import loop
 from mtp_bindings.generation.rejection import RejectionSampler
+from mtp_bindings.generation.sampling import candidate_distribution, draw_index
 from mtp_bindings.generation.verifier import Verifier
 
 PROMPTS = ["def parse_args(argv):\n", "class Queue:\n    def __init__(self):"]
@@ -51,10 +56,10 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Spy]:
             return rows
 
     class SpyRejection(RejectionSampler):
-        def sample(self, row: np.ndarray, history: Sequence[int]) -> int:
+        def sample(self, row: np.ndarray) -> int:
             if record.first is None:  # the first call is the token after the prompt
                 record.first = np.array(row, copy=True)
-            return super().sample(row, history)
+            return super().sample(row)
 
     monkeypatch.setattr(loop, "Verifier", SpyVerifier)
     monkeypatch.setattr(loop, "RejectionSampler", SpyRejection)
@@ -69,15 +74,11 @@ class Oracle:
         self.rng = np.random.default_rng(seed)
 
     def _dist(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        z = row.astype(np.float64)
-        ids = np.argsort(-z, kind="stable")
-        zs = z[ids] / self.t
-        zs -= zs[0]
-        p = np.exp(zs)
-        return ids, p / p.sum()
+        # every token, its logit divided by T in float32 as llama.cpp's temperature sampler divides it
+        return candidate_distribution(np.arange(row.size, dtype=np.int32), row / np.float32(self.t))
 
     def _draw(self, probs: np.ndarray) -> int:
-        return min(int(np.searchsorted(np.cumsum(probs), self.rng.random(), side="right")), probs.size - 1)
+        return draw_index(probs, self.rng.random())
 
     def pick(self, row: np.ndarray) -> int:
         if self.t == 0.0:

@@ -332,6 +332,19 @@ def test_sampled_generation_with_seed_runs(server: Server) -> None:
     assert resp.usage.completion_tokens <= 8
 
 
+def test_llama_servers_other_samplers_sample_as_model_generate_does(server: Server, reference: Any) -> None:
+    samplers = {"typical_p": 0.9, "top_n_sigma": 2.0, "xtc_probability": 0.5, "xtc_threshold": 0.05,
+                "dry_multiplier": 0.8, "dry_base": 1.5, "dry_allowed_length": 1, "dry_penalty_last_n": 32,
+                "dry_sequence_breakers": ["\n", ":"]}
+    body = {"prompt": PROMPTS[2], "max_tokens": 16, "temperature": 1.0, "seed": 11, "draft_n_max": 0, **samplers}
+    with server.client() as c:
+        r = c.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    ref = reference.generate(PROMPTS[2], max_tokens=16, temperature=1.0, seed=11, draft_n_max=0,
+                             context=reference._test_ctx, **samplers)
+    assert r.json()["choices"][0]["text"] == ref.text
+
+
 def test_concurrent_requests_beyond_the_slots(server: Server, reference: Any) -> None:
     """Three clients at once on two slots: one queues, all get their own correct answer."""
     refs = {p: ref_generate(reference, p, max_tokens=24).text for p in PROMPTS}

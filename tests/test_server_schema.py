@@ -31,13 +31,14 @@ def library_accepts(**fields: Any) -> bool:
     return True
 
 
-@pytest.mark.parametrize("name", ["top_p", "min_p", "repeat_penalty"])
+@pytest.mark.parametrize("name", ["top_p", "min_p", "repeat_penalty", "typical_p", "top_n_sigma", "xtc_probability",
+                                  "xtc_threshold", "dry_multiplier", "dry_base"])
 def test_a_sampling_value_is_refused_exactly_when_the_library_refuses_it(name: str) -> None:
     for v in VALUES:
         assert server_accepts(**{name: v}) == library_accepts(**{name: v}), (name, v)
 
 
-@pytest.mark.parametrize("name", ["top_k", "repeat_last_n"])
+@pytest.mark.parametrize("name", ["top_k", "repeat_last_n", "dry_allowed_length", "dry_penalty_last_n"])
 def test_a_count_is_refused_exactly_when_the_library_refuses_it_or_is_minus_one(name: str) -> None:
     for v in (-2, -1, 0, 1, 40, 10**6):
         expected = library_accepts(**{name: v}) or (name == "repeat_last_n" and v == -1)  # -1: the whole context
@@ -62,8 +63,39 @@ def test_a_request_that_sets_nothing_gets_the_librarys_defaults_temperature_incl
     kwargs = generation_kwargs(CompletionRequest.model_validate({"prompt": "x"}), DraftDefaults(), n_prompt=1,
                                n_ctx=100, n_vocab=10)
     for name in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "presence_penalty",
-                 "frequency_penalty"):
+                 "frequency_penalty", "typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "dry_multiplier",
+                 "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers"):
         assert kwargs[name] == getattr(SAMPLING_DEFAULTS, name), name  # one set of defaults, no server copy
+
+
+def _kwargs(**fields: Any) -> dict[str, Any]:
+    return generation_kwargs(CompletionRequest.model_validate({"prompt": "x", **fields}), DraftDefaults(), n_prompt=1,
+                             n_ctx=100, n_vocab=10)
+
+
+def test_a_dry_base_below_one_gets_the_default_as_llama_server_does() -> None:
+    assert _kwargs(dry_base=0.5)["dry_base"] == SAMPLING_DEFAULTS.dry_base
+    assert _kwargs(dry_base=2.0)["dry_base"] == 2.0
+
+
+def test_dry_penalty_last_n_minus_one_is_the_whole_context() -> None:
+    assert _kwargs(dry_penalty_last_n=-1)["dry_penalty_last_n"] == 100
+
+
+def test_dry_sequence_breakers_are_a_non_empty_list_of_non_empty_strings() -> None:
+    assert _kwargs(dry_sequence_breakers=["\n", "##"])["dry_sequence_breakers"] == ("\n", "##")
+    for bad in ([], [""], "\n", [1]):
+        assert not server_accepts(dry_sequence_breakers=bad), bad
+
+
+def test_a_samplers_field_passes_only_as_llama_servers_own_order() -> None:
+    from mtp_bindings.params import SAMPLER_ORDER
+    from mtp_bindings.server.errors import APIError
+    from mtp_bindings.server.unsupported import refuse_unsupported
+
+    refuse_unsupported({"samplers": list(SAMPLER_ORDER)})
+    with pytest.raises(APIError, match="samplers"):
+        refuse_unsupported({"samplers": ["temperature", "top_k"]})
 
 
 def test_server_drafting_defaults_are_checked_against_the_librarys_bounds() -> None:

@@ -81,13 +81,14 @@ def _tv(a: Counter, b: Counter, n: int) -> float:
     return 0.5 * sum(abs(a[k] - b[k]) for k in set(a) | set(b)) / n
 
 
-def _greedy_match_verify(self, rows, drafts, history):
+def _greedy_match_verify(self, rows, drafts):
     """The wrong verifier the test must catch: keep drafts equal to the argmax, sample the rest."""
     import numpy as np
     n = 0
     while n < len(drafts) and int(np.argmax(rows[n])) == drafts[n]:
+        self._emit(drafts[n])
         n += 1
-    return n, self.sampler.sample(rows[n], list(history) + list(drafts[:n]))
+    return n, self.sample(rows[n])
 
 
 def test_sampling_with_mtp_has_the_plain_distribution_and_greedy_match_is_caught(trained, monkeypatch):

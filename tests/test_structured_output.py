@@ -25,6 +25,7 @@ pytest.importorskip("llguidance")
 from mtp_bindings.exceptions import InvalidParameterError  # noqa: E402
 from mtp_bindings.generation.constraint import Grammar, TokenConstraint  # noqa: E402
 from mtp_bindings.generation.rejection import RejectionSampler  # noqa: E402
+from mtp_bindings.generation.chain import sampler_for  # noqa: E402
 from mtp_bindings.generation.sampling import Sampler  # noqa: E402
 from mtp_bindings.params import SamplingParams  # noqa: E402
 
@@ -70,15 +71,16 @@ def _rows(favourite: int, n: int = 3, vocab: int = 8) -> list[np.ndarray]:
 def test_a_draft_the_constraint_forbids_is_rejected_even_when_the_target_prefers_it(temperature: float) -> None:
     for seed in range(50 if temperature else 1):
         c = OnlyTokens({2, 3})
-        rs = RejectionSampler(Sampler(SamplingParams(temperature=temperature, seed=seed, top_k=0, top_p=1.0, min_p=0.0)), c)  # type: ignore[arg-type]
-        n_acc, y = rs.verify(_rows(5), [5, 5], [1])
+        sp = SamplingParams(temperature=temperature, seed=seed, top_k=0, top_p=1.0, min_p=0.0)
+        rs = RejectionSampler(sampler_for(sp, 8), c)  # type: ignore[arg-type]
+        n_acc, y = rs.verify(_rows(5), [5, 5])
         assert n_acc == 0 and y in (2, 3) and c.consumed == [y]
 
 
 def test_allowed_drafts_are_accepted_and_consumed_in_order() -> None:
     c = OnlyTokens({2, 5})
-    rs = RejectionSampler(Sampler(SamplingParams(temperature=0.0)), c)  # type: ignore[arg-type]
-    n_acc, y = rs.verify(_rows(5), [5, 2], [1])  # row 1's argmax is 5, not the draft 2: rejected there
+    rs = RejectionSampler(sampler_for(SamplingParams(temperature=0.0), 8), c)  # type: ignore[arg-type]
+    n_acc, y = rs.verify(_rows(5), [5, 2])  # row 1's argmax is 5, not the draft 2: rejected there
     assert (n_acc, y) == (1, 5) and c.consumed == [5, 5]
 
 
@@ -87,11 +89,12 @@ def test_without_a_constraint_the_rows_are_not_copied() -> None:
     seen = []
 
     class Spy(Sampler):
-        def penalized(self, logits: np.ndarray, history: Any) -> np.ndarray:
-            seen.append(logits)
-            return super().penalized(logits, history)
+        def greedy_pick(self, row: np.ndarray) -> int:
+            seen.append(row)
+            return super().greedy_pick(row)
 
-    RejectionSampler(Spy(SamplingParams(temperature=0.0))).verify(rows, [5, 5], [1])
+    sp = SamplingParams(temperature=0.0)
+    RejectionSampler(Spy(sp, sampler_for(sp, 8).chain)).verify(rows, [5, 5])
     assert all(a is b for a, b in zip(seen, rows))
 
 
@@ -201,8 +204,8 @@ def test_a_forbidden_draft_is_rejected_never_emitted(model: Any, monkeypatch: py
     rounds: list[tuple[list[int], int]] = []
     verify = RejectionSampler.verify
 
-    def recording(self: RejectionSampler, rows: Any, drafts: Any, history: Any) -> tuple[int, int]:
-        n_acc, y = verify(self, rows, drafts, history)
+    def recording(self: RejectionSampler, rows: Any, drafts: Any) -> tuple[int, int]:
+        n_acc, y = verify(self, rows, drafts)
         rounds.append((list(drafts), n_acc))
         return n_acc, y
 

@@ -32,10 +32,24 @@ SAMPLING_FLAGS = (
     ("--repeat-last-n", "repeat_last_n", int, "tokens the penalties look back over"),
     ("--presence-penalty", "presence_penalty", float, "presence penalty"),
     ("--frequency-penalty", "frequency_penalty", float, "frequency penalty"),
+    ("--typical", "typical_p", float, "locally typical sampling, parameter p"),
+    ("--top-n-sigma", "top_n_sigma", float, "keep tokens within n standard deviations of the top logit"),
+    ("--xtc-probability", "xtc_probability", float, "chance that XTC removes the most likely tokens"),
+    ("--xtc-threshold", "xtc_threshold", float, "probability above which XTC removes a token"),
+    ("--dry-multiplier", "dry_multiplier", float, "DRY repetition penalty multiplier"),
+    ("--dry-base", "dry_base", float, "DRY penalty base"),
+    ("--dry-allowed-length", "dry_allowed_length", int, "repetitions longer than this get the DRY penalty"),
+    ("--dry-penalty-last-n", "dry_penalty_last_n", int, "tokens DRY scans for repetitions"),
 )
+# llama.cpp's other spellings of a sampling flag
+ALIASES = {"--typical": ("--typical-p",), "--top-n-sigma": ("--top-nsigma",)}
 # the value that turns a sampling stage off (or what 0 means), said in its help
 OFF = {"temperature": "; 0: greedy", "top_k": "; 0: all", "top_p": "; 1: off", "min_p": "; 0: off",
-       "repeat_penalty": "; 1: off", "presence_penalty": "; 0: off", "frequency_penalty": "; 0: off"}
+       "repeat_penalty": "; 1: off", "presence_penalty": "; 0: off", "frequency_penalty": "; 0: off",
+       "typical_p": "; 1: off", "top_n_sigma": "; <= 0: off", "xtc_probability": "; 0: off",
+       "xtc_threshold": "; > 0.5: off", "dry_multiplier": "; 0: off", "dry_base": "; < 1: DRY off",
+       "dry_penalty_last_n": "; 0: off, -1: the whole context"}
+BREAKERS_NONE = "none"  # --dry-sequence-breaker none: no sequence breakers (llama.cpp's word)
 
 
 def _gpu_layers(value: str) -> int:
@@ -122,7 +136,12 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                         "a full context)")
     for flag, name, kind, what in SAMPLING_FLAGS:
         default = getattr(SAMPLING_DEFAULTS, name)
-        p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default:g}{OFF.get(name, '')})")
+        p.add_argument(flag, *ALIASES.get(flag, ()), type=kind, default=default,
+                       help=f"{what} (default {default:g}{OFF.get(name, '')})")
+    shown = ", ".join(repr(b) for b in SAMPLING_DEFAULTS.dry_sequence_breakers)
+    p.add_argument("--dry-sequence-breaker", dest="dry_sequence_breaker", action="append", default=None,
+                   metavar="STRING", help=f"a string that ends a DRY repetition (repeatable; replaces the default "
+                                          f"{shown}; {BREAKERS_NONE}: none)")
     p.add_argument("-s", "--seed", type=int, default=None, help="random seed (default and -1: a random seed)")
     p.add_argument("--stop", action="append", default=None, help="stop at this string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-text tokens")
@@ -132,6 +151,17 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     add_drafting_args(p)
     add_constraint_args(p)
     p.add_argument("--trace", default=None, help="append an NDJSON acceptance trace to this file ('1': stderr)")
+
+
+def dry_sequence_breakers(given: list[str] | None) -> tuple[str, ...]:
+    """``--dry-sequence-breaker``'s strings as llama.cpp reads them: none given, the default ones; any
+    given replace them; ``none`` clears the ones before it."""
+    if given is None:
+        return SAMPLING_DEFAULTS.dry_sequence_breakers
+    out: list[str] = []
+    for b in given:
+        out = [] if b == BREAKERS_NONE else out + [b]
+    return tuple(out)
 
 
 def add_batch_args(p: argparse.ArgumentParser) -> None:

@@ -18,6 +18,7 @@ from typing import IO, Any
 
 from ..exceptions import ContextOverflowError
 from ..limits import UNTIL_FULL
+from .args import dry_sequence_breakers
 from .chat_commands import UnknownCommand, help_text, read_line
 from .flags import PROG, CLIError, error_line, flag
 from .interrupt import INTERRUPTED, Interrupt
@@ -36,7 +37,12 @@ def gen_kwargs(args: argparse.Namespace, ctx: Any) -> dict[str, Any]:
     return dict(max_tokens=ctx.n_ctx if n == UNTIL_FULL else n, temperature=args.temp, top_k=args.top_k,
                 top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
                 repeat_last_n=args.repeat_last_n, presence_penalty=args.presence_penalty,
-                frequency_penalty=args.frequency_penalty, seed=None if args.seed == -1 else args.seed,
+                frequency_penalty=args.frequency_penalty, typical_p=args.typical, top_n_sigma=args.top_n_sigma,
+                xtc_probability=args.xtc_probability, xtc_threshold=args.xtc_threshold,
+                dry_multiplier=args.dry_multiplier, dry_base=args.dry_base, dry_allowed_length=args.dry_allowed_length,
+                dry_penalty_last_n=args.dry_penalty_last_n,
+                dry_sequence_breakers=dry_sequence_breakers(args.dry_sequence_breaker),
+                seed=None if args.seed == -1 else args.seed,
                 stop=args.stop, draft_n_max=args.draft_n_max, preset=args.preset,
                 depth2=False if args.no_depth2 else None, skip_streak=args.skip_streak, trace=args.trace,
                 ignore_eos=args.ignore_eos, **constraint_kwargs(args))

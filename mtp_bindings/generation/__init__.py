@@ -4,8 +4,9 @@ One module per job, each importing only downward (see ARCHITECTURE.md):
 
 * :mod:`.stats` -- what a generation did (shared with the server's metrics);
   :mod:`.results` -- the result and streamed-piece types;
-* :mod:`.sampling` -- the sampler (the next-token distribution); :mod:`.rejection` -- exact
-  speculative sampling over drafted tokens (as vLLM's ``RejectionSampler``);
+* :mod:`.chain` -- llama.cpp's own sampler chain in llama-server's order; :mod:`.sampling` -- the
+  sampler (the chain's candidates as the next-token distribution, and the draw); :mod:`.rejection` --
+  exact speculative sampling over drafted tokens (as vLLM's ``RejectionSampler``);
 * :mod:`.drafter` -- drafters that propose tokens and take feedback (as transformers'
   ``CandidateGenerator``), and the skip-streak policy that wraps one;
 * :mod:`.verifier` -- the verify decode, the KV rollback and the hidden state to draft from;

@@ -26,7 +26,7 @@ from .logprobs import TOP_LOGPROBS_MAX, LogprobRecorder
 from .constraint import Grammar, TokenConstraint, as_grammar
 from .loop import token_rounds
 from .results import GenerationResult, TextPiece
-from .sampling import Sampler
+from .chain import sampler_for
 from .stats import GenerationStats
 from .text import TextAssembler
 from .trace import Tracer
@@ -74,6 +74,15 @@ def generate(
     frequency_penalty: float | None = None,
     seed: int | None = None,
     logit_bias: dict[int, float] | None = None,
+    typical_p: float | None = None,
+    top_n_sigma: float | None = None,
+    xtc_probability: float | None = None,
+    xtc_threshold: float | None = None,
+    dry_multiplier: float | None = None,
+    dry_base: float | None = None,
+    dry_allowed_length: int | None = None,
+    dry_penalty_last_n: int | None = None,
+    dry_sequence_breakers: Sequence[str] | None = None,
     sampling: SamplingParams | None = None,
     stop: str | Sequence[str] | None = None,
     draft_n_max: int | None = None,
@@ -101,7 +110,10 @@ def generate(
     Sampling: ``temperature`` (0 = greedy), ``top_k`` (0 or -1: all), ``top_p``, ``min_p``,
     ``repeat_penalty`` over the last ``repeat_last_n`` tokens (-1: the whole context),
     ``presence_penalty``, ``frequency_penalty``, ``seed`` (None or -1: a fresh one), ``logit_bias``
-    (token id -> added logit); each left None takes :class:`~mtp_bindings.params.SamplingParams`'
+    (token id -> added logit), ``typical_p``, ``top_n_sigma``, XTC (``xtc_probability``,
+    ``xtc_threshold``) and DRY (``dry_multiplier``, ``dry_base``, ``dry_allowed_length``,
+    ``dry_penalty_last_n``, -1: the whole context, ``dry_sequence_breakers``), run in llama-server's
+    order through llama.cpp's sampler chain (:mod:`.chain`); each left None takes :class:`~mtp_bindings.params.SamplingParams`'
     default -- llama-server's, the same in every front end: temperature 0.8, top_k 40, top_p 0.95,
     min_p 0.05, no penalties; pass ``temperature=0`` for greedy decoding -- or ``sampling``'s value
     when a whole ``SamplingParams`` is given.
@@ -154,7 +166,11 @@ def generate(
     sp = sampling_params(sampling, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                          repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                          presence_penalty=presence_penalty, frequency_penalty=frequency_penalty, seed=seed,
-                         logit_bias=logit_bias)
+                         logit_bias=logit_bias, typical_p=typical_p, top_n_sigma=top_n_sigma,
+                         xtc_probability=xtc_probability, xtc_threshold=xtc_threshold,
+                         dry_multiplier=dry_multiplier, dry_base=dry_base, dry_allowed_length=dry_allowed_length,
+                         dry_penalty_last_n=dry_penalty_last_n,
+                         dry_sequence_breakers=dry_sequence_breakers)
     logit_bias = sp.logit_bias
     opts = draft_params(draft_n_max, depth2, skip_streak, preset, h_idx, ignore_eos, cache_prompt)
     if ((draft_n_max or 0) > 0 or (preset is not None and draft_n_max != 0)) and not model.has_assistant:
@@ -223,9 +239,9 @@ def _pieces(model: LlamaModel, context: Context | None, prompt: list[int], sp: S
     # the generation owns its context from here to its end (a suspended stream included): a fresh or
     # idle one of the model's pool, or the caller's, refused with ContextBusyError if another owns it
     lease = model.generation_context() if context is None else context.generation_claim(stream)
-    with lease as leased:
+    with lease as leased, sampler_for(sp, model.n_vocab, model.vocab) as sampler:
         ctx = leased if context is None else context
-        rounds = token_rounds(ctx, prompt, Sampler(sp), max_tokens, opts, stats, tracer,
+        rounds = token_rounds(ctx, prompt, sampler, max_tokens, opts, stats, tracer,
                               prompt_progress=watch, logprobs=recorder,
                               constraint=constraint) if max_tokens > 0 else iter(())
         try:

@@ -47,6 +47,7 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
     records each yielded token's logprobs from its row, before the next decode overwrites it.
     ``constraint``, if given, is a grammar every token follows (masked rows, see
     :mod:`.constraint`); the generation stops when the grammar is complete (``stats.hit_eog``).
+    ``sampler``'s chain hears the prompt, then every emitted token (the rejection sampler feeds it).
     """
     model = ctx.model
     drafting = opts.draft_n_max > 0 and model.has_assistant  # type: ignore[attr-defined]
@@ -71,7 +72,8 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
             return
         stats.t_prompt = time.perf_counter() - t0
         t = time.perf_counter()
-        x = rejection.sample(ctx.logits_view(-1), history)
+        sampler.accept_history(history)  # the prompt, as llama-server's slot feeds its sampler
+        x = rejection.sample(ctx.logits_view(-1))
         stats.t_sample += time.perf_counter() - t
         attn_pos = len(history) - 1
         if model.is_eog(x) and not opts.ignore_eos:
@@ -115,7 +117,7 @@ def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_toke
             stats.t_verify += t_verify
 
             t = time.perf_counter()
-            n_acc, y = rejection.verify(rows, drafts, history)
+            n_acc, y = rejection.verify(rows, drafts)
             t_sample = time.perf_counter() - t
             stats.t_sample += t_sample
             # Re-read the load for the next decode here: the drafting worker and the compute threads are idle,

@@ -1,97 +1,142 @@
-"""The sampler: turn a logits row and the token history into the next-token distribution, and
-draw from it.
+"""The sampler: turn a logits row into the next-token distribution, and draw from it.
 
-:meth:`Sampler.distribution` builds the exact next-token distribution (penalties over the last
-``repeat_last_n`` tokens, then top-k, temperature, min-p, top-p, as llama.cpp's default chain
-orders them); :meth:`Sampler.sample` draws one token (argmax at temperature 0). The settings are
-:class:`~mtp_bindings.params.SamplingParams`. Verifying drafted tokens is :mod:`.rejection`'s job.
-Pure numpy.
+The distribution is the one llama-server draws from: its sampler chain (:mod:`.chain`, llama.cpp's
+own samplers in llama-server's order) keeps candidates and their logits, and
+:func:`candidate_distribution` turns those into probabilities, in one canonical order (ascending
+token id) whatever order the chain left them in, so that a draw depends only on the distribution and
+the random number. :meth:`Sampler.sample` draws one token (at temperature 0 the highest logit, no
+draw); verifying drafted tokens is :mod:`.rejection`'s job. The settings are
+:class:`~mtp_bindings.params.SamplingParams`.
+
+The chain is anything with :class:`Chain`'s shape, so this module is pure numpy: the tests give it a
+chain of their own where llama.cpp's is not the point.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import Sequence
+from typing import Protocol
 
 import numpy as np
 
 from ..params import SamplingParams
 
+_SORT_MAX = 4096  # more candidates than this are put in id order by a scatter over the vocabulary, not a sort
+
+
+class Chain(Protocol):
+    """What a sampler needs of a sampler chain (:class:`~.chain.SamplerChain` is the real one)."""
+
+    changes_argmax: bool  # whether temperature 0 can pick another token than the raw row's argmax
+
+    def apply(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The candidates that survive the chain on ``row``: (token ids, logits)."""
+        ...
+
+    def accept(self, token: int) -> None:
+        """Hear an emitted token."""
+        ...
+
+    def accept_history(self, tokens: list[int]) -> None:
+        """Hear the tokens before the first sampled one."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def in_id_order(ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, logits)`` in ascending token id, the one canonical candidate order: a sort for a few
+    candidates, a scatter over the vocabulary for many (no sort of a whole vocabulary)."""
+    if ids.size <= _SORT_MAX:
+        order = np.argsort(ids, kind="stable")
+        return ids[order], logits[order]
+    present = np.zeros(int(ids.max()) + 1, dtype=bool)
+    present[ids] = True
+    dense = np.empty(present.size, dtype=logits.dtype)
+    dense[ids] = logits
+    ordered = np.flatnonzero(present)
+    return ordered.astype(ids.dtype, copy=False), dense[ordered]
+
+
+def candidate_distribution(ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distribution a chain's final ``dist`` sampler draws from, given the candidates it kept:
+    (token ids in ascending order, float64 probabilities summing to 1); candidates at -inf (a
+    grammar's mask, a banned token) are dropped."""
+    finite = np.isfinite(logits)
+    if not finite.all():
+        ids, logits = ids[finite], logits[finite]
+    if ids.size == 0:
+        raise ValueError("no candidate token is left (every logit is -inf)")
+    ids, logits = in_id_order(ids, logits)
+    z = logits.astype(np.float64)
+    z -= z.max()
+    probs = np.exp(z)
+    probs /= probs.sum()
+    return ids, probs
+
+
+def draw_index(probs: np.ndarray, u: float) -> int:
+    """The index that the uniform number ``u`` in [0, 1) picks from ``probs`` (inverse CDF; never an
+    entry of probability 0)."""
+    cum = np.cumsum(probs)
+    idx = int(np.searchsorted(cum, u * cum[-1], side="right"))  # cum[idx] > the target >= cum[idx - 1]
+    return idx if idx < probs.size else int(np.flatnonzero(probs)[-1])  # the target rounded up to the total
+
 
 class Sampler:
-    """Samples and verifies tokens for one generation (holds its seeded random generator)."""
+    """Samples tokens for one generation from ``chain`` (holds the seeded random generator).
 
-    def __init__(self, params: SamplingParams) -> None:
+    The sampler owns the chain: :meth:`close` (or leaving a ``with`` block) closes it."""
+
+    def __init__(self, params: SamplingParams, chain: Chain) -> None:
         self.params = params
+        self.chain = chain
         self.rng = np.random.default_rng(params.seed)
+
+    def __enter__(self) -> Sampler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.chain.close()
 
     # --- the distribution ----------------------------------------------------------------------
 
-    def penalized(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
-        """Logits plus ``logit_bias``, then repeat / presence / frequency penalties over the last
-        ``repeat_last_n`` tokens (llama.cpp's order)."""
-        p = self.params
-        if p.logit_bias:
-            logits = logits.copy()
-            for tok, bias in p.logit_bias.items():
-                if tok < logits.size:
-                    logits[tok] += bias
-        if not p.has_penalties or not history:
-            return logits
-        window = history[-p.repeat_last_n:]
-        counts = Counter(window)
-        ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
-        cnt = np.fromiter(counts.values(), dtype=np.float32, count=len(counts))
-        out = logits.copy()
-        sel = out[ids]
-        if p.repeat_penalty != 1.0:
-            sel = np.where(sel > 0, sel / p.repeat_penalty, sel * p.repeat_penalty)
-        sel = sel - cnt * p.frequency_penalty - p.presence_penalty
-        out[ids] = sel
-        return out
+    def distribution(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The next-token distribution after ``row`` as (token ids, probabilities > 0), in id order."""
+        return candidate_distribution(*self.chain.apply(row))
 
-    def distribution(self, logits: np.ndarray, history: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """The next-token distribution as (candidate token ids, probabilities), probabilities > 0."""
-        p = self.params
-        z = self.penalized(logits, history)
-        if p.top_k > 0 and p.top_k < z.size:  # 0 or -1: all (llama.cpp's)
-            # the k largest of the float32 row, only the candidates widened to float64 (a float64 copy of 262144
-            # logits made it 2-3x slower); partitioned at k - 1 of the negated row: at n - k of the row itself the
-            # selection crawls where many logits are equal (the scaled-up pair's padding tokens: 8 ms a row)
-            ids = np.argpartition(-z, p.top_k - 1)[: p.top_k]
-        else:
-            ids = np.arange(z.size)
-        zc = z[ids].astype(np.float64)
-        order = np.argsort(-zc, kind="stable")
-        ids = ids[order]
-        zs = zc[order] / p.temperature
-        zs -= zs[0]
-        probs = np.exp(zs)
-        probs /= probs.sum()
-        if p.min_p > 0.0:
-            keep = probs >= p.min_p * probs[0]
-            ids, probs = ids[keep], probs[keep]
-            probs = probs / probs.sum()
-        if p.top_p < 1.0:
-            cum = np.cumsum(probs)
-            n = int(np.searchsorted(cum, p.top_p) + 1)
-            ids, probs = ids[:n], probs[:n]
-            probs = probs / probs.sum()
-        return ids, probs
+    def greedy_pick(self, row: np.ndarray) -> int:
+        """Temperature 0's token: the highest logit that survives the chain (the lowest id of a tie);
+        the raw row's argmax when the chain cannot change it (no bias, penalties, DRY, XTC, typical-p)."""
+        if not self.chain.changes_argmax:
+            return int(np.argmax(row))
+        ids, logits = self.chain.apply(row)
+        best = logits.max()
+        return int(ids[logits == best].min())
 
     # --- sampling ------------------------------------------------------------------------------
 
-    def sample(self, logits: np.ndarray, history: Sequence[int]) -> int:
-        """One token from one logits row."""
+    def sample(self, row: np.ndarray) -> int:
+        """One token from one logits row (not yet heard by the chain: see :meth:`accept`)."""
         if self.params.greedy:
-            return int(np.argmax(self.penalized(logits, history)))
-        ids, probs = self.distribution(logits, history)
+            return self.greedy_pick(row)
+        ids, probs = self.distribution(row)
         return int(ids[self.draw(probs)])
 
     def draw(self, probs: np.ndarray) -> int:
         """An index drawn from ``probs`` with this sampler's random generator."""
-        u = self.rng.random()
-        idx = int(np.searchsorted(np.cumsum(probs), u, side="right"))
-        return min(idx, probs.size - 1)
+        return draw_index(probs, self.rng.random())
 
-__all__ = ["Sampler", "SamplingParams"]
+    def accept(self, token: int) -> None:
+        """``token`` is emitted: the chain hears it (penalties and DRY count it from the next row on)."""
+        self.chain.accept(token)
+
+    def accept_history(self, tokens: list[int]) -> None:
+        """The tokens before the first sampled one (the prompt)."""
+        self.chain.accept_history(tokens)
+
+
+__all__ = ["Chain", "Sampler", "SamplingParams", "candidate_distribution", "draw_index", "in_id_order"]

@@ -58,7 +58,8 @@ once (queued or running) and answers each open request with a 503 ``server_shutt
 
 Logprobs and ``usage.completion_tokens`` count the tokens of the returned text: a stop string's
 tokens are in neither (:mod:`.accounting`); ``timings.predicted_n`` counts every token decoded.
-Sampling defaults are the library's one set (:data:`mtp_bindings.params.SAMPLING_DEFAULTS`).
+Sampling defaults are the library's one set (:data:`mtp_bindings.params.SAMPLING_DEFAULTS`), and a request
+samples with llama-server's sampler order through llama.cpp's own chain (:mod:`mtp_bindings.generation.chain`).
 
 Security: binds 127.0.0.1 unless told otherwise; with ``api_key`` set every route but
 ``/health`` needs ``Authorization: Bearer <key>`` or ``X-Api-Key: <key>``. CORS as llama-server:

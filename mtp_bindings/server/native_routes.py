@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from .. import __version__
 from ..chat_template import GEMMA_TEMPLATE
-from ..params import SAMPLING_DEFAULTS
+from ..params import SAMPLER_ORDER, SAMPLING_DEFAULTS
 from ..presets import resolve_preset
 from .params import DraftDefaults
 from .schemas import _STRICT
@@ -75,8 +75,12 @@ def props_body(model: Any, *, model_name: str, n_slots: int, n_ctx: int, n_predi
         "n_predict": n_predict, "max_tokens": n_predict, "seed": -1, "temperature": d.temperature,
         "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p, "repeat_last_n": d.repeat_last_n,
         "repeat_penalty": d.repeat_penalty, "presence_penalty": d.presence_penalty,
-        "frequency_penalty": d.frequency_penalty, "stop": [], "ignore_eos": False, "stream": False,
-        "n_probs": 0, "logit_bias": [], "samplers": ["penalties", "top_k", "temperature", "min_p", "top_p"],
+        "frequency_penalty": d.frequency_penalty, "typical_p": d.typical_p, "top_n_sigma": d.top_n_sigma,
+        "xtc_probability": d.xtc_probability, "xtc_threshold": d.xtc_threshold, "dry_multiplier": d.dry_multiplier,
+        "dry_base": d.dry_base, "dry_allowed_length": d.dry_allowed_length,
+        "dry_penalty_last_n": d.dry_penalty_last_n, "dry_sequence_breakers": list(d.dry_sequence_breakers),
+        "stop": [], "ignore_eos": False, "stream": False,
+        "n_probs": 0, "logit_bias": [], "samplers": list(SAMPLER_ORDER),
         "speculative.n_max": n_max if model.has_assistant else 0,
     }
     settings = {"id": 0, "id_task": -1, "n_ctx": n_ctx, "speculative": speculative, "is_processing": False,

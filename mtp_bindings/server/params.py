@@ -57,6 +57,18 @@ def generation_kwargs(req: GenerationRequest, draft: DraftDefaults, n_prompt: in
         frequency_penalty=d.frequency_penalty if req.frequency_penalty is None else req.frequency_penalty,
         seed=seed,
         logit_bias=req.token_bias(n_vocab),
+        typical_p=d.typical_p if req.typical_p is None else req.typical_p,
+        top_n_sigma=d.top_n_sigma if req.top_n_sigma is None else req.top_n_sigma,
+        xtc_probability=d.xtc_probability if req.xtc_probability is None else req.xtc_probability,
+        xtc_threshold=d.xtc_threshold if req.xtc_threshold is None else req.xtc_threshold,
+        dry_multiplier=d.dry_multiplier if req.dry_multiplier is None else req.dry_multiplier,
+        # llama-server replaces a base below 1 with its default
+        dry_base=d.dry_base if req.dry_base is None or req.dry_base < 1.0 else req.dry_base,
+        dry_allowed_length=d.dry_allowed_length if req.dry_allowed_length is None else req.dry_allowed_length,
+        dry_penalty_last_n=d.dry_penalty_last_n if req.dry_penalty_last_n is None else
+        (n_ctx if req.dry_penalty_last_n < 0 else req.dry_penalty_last_n),
+        dry_sequence_breakers=d.dry_sequence_breakers if req.dry_sequence_breakers is None
+        else tuple(req.dry_sequence_breakers),
         stop=req.stop,
         logprobs=req.requested_logprobs(),
         draft_n_max=draft.draft_n_max if draft_n_max is None else draft_n_max,

@@ -104,6 +104,15 @@ class GenerationRequest(BaseModel):
     frequency_penalty: float | None = _sampling("frequency_penalty", lo=OPENAI_PENALTY_RANGE[0],
                                                 hi=OPENAI_PENALTY_RANGE[1])
     seed: int | None = _sampling("seed", lo=-1, hi=2**63 - 1)  # -1: a random seed; at most int64's
+    typical_p: float | None = _sampling("typical_p")
+    top_n_sigma: float | None = _sampling("top_n_sigma")
+    xtc_probability: float | None = _sampling("xtc_probability")
+    xtc_threshold: float | None = _sampling("xtc_threshold")
+    dry_multiplier: float | None = _sampling("dry_multiplier")
+    dry_base: float | None = _sampling("dry_base")  # below 1: the default, as llama-server (see params.py)
+    dry_allowed_length: int | None = _sampling("dry_allowed_length")
+    dry_penalty_last_n: int | None = _sampling("dry_penalty_last_n")  # -1: the whole context
+    dry_sequence_breakers: list[str] | None = None
     stop: str | list[str] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -130,6 +139,13 @@ class GenerationRequest(BaseModel):
     def _few_stops(cls, v: str | list[str] | None) -> str | list[str] | None:
         if isinstance(v, list) and len(v) > 16:
             raise ValueError("at most 16 stop strings")
+        return v
+
+    @field_validator("dry_sequence_breakers")
+    @classmethod
+    def _breakers(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and (not v or not all(v)):  # llama-server's rule: a non-empty array of strings
+            raise ValueError("dry_sequence_breakers must be a non-empty array of non-empty strings")
         return v
 
     @field_validator("logit_bias")

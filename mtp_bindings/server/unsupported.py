@@ -23,6 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from ..params import SAMPLER_ORDER
 from .errors import APIError
 
 _NEGATIVE_OFF = "negative"  # an ``off`` marker: any negative number asks for nothing
@@ -52,14 +53,11 @@ REFUSED: dict[str, Refusal] = {
     "n_probs": Refusal("token probabilities in llama-server's shape (use logprobs / top_logprobs)"),
     "post_sampling_probs": Refusal("post-sampling probabilities"),
     "mirostat": Refusal("the mirostat sampler"),
-    "typical_p": Refusal("locally typical sampling", (1.0,)),
     "dynatemp_range": Refusal("dynamic temperature"),
-    "xtc_probability": Refusal("the XTC sampler"),
-    "dry_multiplier": Refusal("the DRY sampler"),
-    "top_n_sigma": Refusal("top-n-sigma sampling", (_NEGATIVE_OFF,)),
     "adaptive_target": Refusal("the adaptive-p sampler", (_NEGATIVE_OFF,)),
     "min_keep": Refusal("a minimum of tokens kept by the samplers"),
-    "samplers": Refusal("a custom sampler chain"),
+    # llama-server's own order (the one this server runs, see params.SAMPLER_ORDER) asks for nothing else
+    "samplers": Refusal("a custom sampler chain", (list(SAMPLER_ORDER),)),
     "lora": Refusal("LoRA adapters"),
     "grammar_lazy": Refusal("a lazily triggered grammar"),
     "grammar_triggers": Refusal("grammar triggers"),
@@ -98,12 +96,7 @@ HINTS: dict[str, str] = {
     "speculative.ngram_min_hits": "n-gram drafting, which this server does not use",
     "mirostat_tau": "tunes mirostat, which is refused when switched on",
     "mirostat_eta": "tunes mirostat, which is refused when switched on",
-    "xtc_threshold": "tunes XTC, which is refused when switched on",
     "dynatemp_exponent": "tunes dynamic temperature, which is refused when switched on",
-    "dry_base": "tunes DRY, which is refused when switched on",
-    "dry_allowed_length": "tunes DRY, which is refused when switched on",
-    "dry_penalty_last_n": "tunes DRY, which is refused when switched on",
-    "dry_sequence_breakers": "tunes DRY, which is refused when switched on",
     "adaptive_decay": "tunes adaptive-p, which is refused when switched on",
     "reasoning_budget_start_tag": "tunes the reasoning budget, which is refused when set",
     "reasoning_budget_end_tags": "tunes the reasoning budget, which is refused when set",

@@ -1,0 +1,204 @@
+"""llama.cpp's own sampler chain, built from :class:`~mtp_bindings.params.SamplingParams` as
+llama-server builds it, and read as a distribution rather than drawn from.
+
+The order is llama-server's (``common_sampler_init`` at the pin, ``SAMPLER_ORDER`` in
+:mod:`mtp_bindings.params`): ``logit_bias`` (the request's biases and the model's suppressed tokens)
+first, then penalties, DRY, top-n-sigma, top-k, typical-p, top-p, min-p, XTC, and temperature last,
+each with llama-server's parameters (``min_keep`` 0). llama-server ends the chain with ``dist``, which
+draws one token; this chain stops before it: :meth:`SamplerChain.apply` runs it over one logits row
+and returns the surviving candidates and their logits, the distribution ``dist`` would draw from
+(:func:`~.sampling.candidate_distribution` turns them into probabilities). At temperature 0 the
+chain stops before the temperature sampler as well: the pick is the highest surviving logit, which is
+what llama-server's temperature 0 keeps.
+
+History: penalties and DRY look at the tokens already emitted; they hear each one through
+:meth:`SamplerChain.accept` (llama.cpp's ``llama_sampler_accept``) as it is emitted, never a copy of
+the history per round. A chain without them ignores :meth:`accept` (no native call). XTC draws its
+own coin per row from a generator seeded with the request's seed.
+
+A chain owns native memory: use it as a context manager (or call :meth:`close`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from .._native import ffi, lib
+from ..exceptions import InvalidParameterError
+from ..params import SamplingParams
+from .sampling import Sampler
+
+logger = logging.getLogger(__name__)
+
+# llama.h's llama_token_data: {llama_token id; float logit; float p}
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+DEFAULT_SEED = 0xFFFFFFFF  # llama.h's LLAMA_DEFAULT_SEED: a random seed
+_MIN_KEEP = 0  # llama-server's min_keep default
+
+
+def native_seed(seed: int | None) -> int:
+    """A request's seed as llama.cpp's samplers take it (uint32; None: a random one)."""
+    return DEFAULT_SEED if seed is None else int(seed) & 0xFFFFFFFF
+
+
+class SamplerChain:
+    """One generation's llama.cpp sampler chain over a vocabulary of ``n_vocab`` tokens.
+
+    ``params`` must be resolved (:meth:`SamplingParams.resolved`: no -1 windows). ``vocab`` is the
+    model's native vocabulary (``LlamaModel.vocab``): DRY tokenizes its sequence breakers with it and
+    the model's suppressed tokens are banned, as llama-server does; without one (a bare logits row,
+    the tests) DRY cannot be asked for."""
+
+    def __init__(self, params: SamplingParams, n_vocab: int, vocab: Any = None) -> None:
+        if params.repeat_last_n < 0 or params.dry_penalty_last_n < 0:
+            raise InvalidParameterError("the sampler chain needs resolved windows (SamplingParams.resolved)")
+        if params.has_dry and vocab is None:
+            raise InvalidParameterError("DRY needs the model's vocabulary")
+        self.params = params
+        self.n_vocab = int(n_vocab)
+        self._chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        if self._chain == ffi.NULL:
+            raise MemoryError("llama_sampler_chain_init failed")
+        try:
+            self._bias = self._add_samplers(params, vocab)
+        except BaseException:
+            lib.llama_sampler_free(self._chain)
+            self._chain = None
+            raise
+        self.stateful = params.has_penalties or params.has_dry
+        # the tokens of history that decide the chain's state: the longest window of its history samplers
+        self.window = max(params.repeat_last_n if params.has_penalties else 0,
+                          params.dry_penalty_last_n if params.has_dry else 0)
+        # whether the chain can pick another token than the raw row's argmax at temperature 0
+        self.changes_argmax = self._bias or self.stateful or params.has_xtc or params.typical_p < 1.0
+        self._buf = np.zeros(self.n_vocab, dtype=TOKEN_DATA)
+        self._ids = np.arange(self.n_vocab, dtype=np.int32)
+        self._data = ffi.from_buffer("llama_token_data[]", self._buf)  # keeps the buffer's view alive
+        self._addr = int(ffi.cast("uintptr_t", self._data))
+        self._arr = ffi.new("llama_token_data_array *")
+
+    def _add_samplers(self, p: SamplingParams, vocab: Any) -> bool:
+        """Add llama-server's samplers in its order; whether a logit-bias sampler leads them."""
+        add = lib.llama_sampler_chain_add
+        bias = dict(p.logit_bias or {})
+        if vocab is not None:
+            n_suppress = ffi.new("int32_t *")
+            suppress = lib.llama_vocab_get_suppress_tokens(vocab, n_suppress)
+            for i in range(n_suppress[0]):
+                bias[int(suppress[i])] = float("-inf")
+        if bias:
+            arr = ffi.new("llama_logit_bias[]", [(int(t), float(b)) for t, b in bias.items()])
+            add(self._chain, lib.llama_sampler_init_logit_bias(self.n_vocab, len(bias), arr))
+        add(self._chain, lib.llama_sampler_init_penalties(self.n_vocab, p.repeat_last_n, p.repeat_penalty,
+                                                          p.frequency_penalty, p.presence_penalty))
+        add(self._chain, self._dry(p, vocab))
+        add(self._chain, lib.llama_sampler_init_top_n_sigma(p.top_n_sigma))
+        add(self._chain, lib.llama_sampler_init_top_k(p.top_k))
+        add(self._chain, lib.llama_sampler_init_typical(p.typical_p, _MIN_KEEP))
+        add(self._chain, lib.llama_sampler_init_top_p(p.top_p, _MIN_KEEP))
+        add(self._chain, lib.llama_sampler_init_min_p(p.min_p, _MIN_KEEP))
+        add(self._chain, lib.llama_sampler_init_xtc(p.xtc_probability, p.xtc_threshold, _MIN_KEEP,
+                                                    native_seed(p.seed)))
+        if not p.greedy:
+            add(self._chain, lib.llama_sampler_init_temp_ext(p.temperature, 0.0, 1.0))
+        return bool(bias)
+
+    @staticmethod
+    def _dry(p: SamplingParams, vocab: Any) -> Any:
+        if not p.has_dry:  # llama.cpp returns an empty sampler then too; it needs no vocabulary for it
+            return lib.llama_sampler_init_dry(ffi.NULL, p.dry_multiplier, p.dry_base, p.dry_allowed_length,
+                                              p.dry_penalty_last_n, ffi.NULL, 0)
+        strings = [ffi.new("char[]", b.encode("utf-8")) for b in p.dry_sequence_breakers]
+        breakers = ffi.new("const char *[]", strings) if strings else ffi.NULL
+        return lib.llama_sampler_init_dry(vocab, p.dry_multiplier, p.dry_base, p.dry_allowed_length,
+                                          p.dry_penalty_last_n, breakers, len(strings))
+
+    # --- lifetime ------------------------------------------------------------------------------
+
+    def __enter__(self) -> SamplerChain:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Free the native chain (and every sampler in it); idempotent."""
+        if self._chain is not None:
+            lib.llama_sampler_free(self._chain)
+            self._chain = None
+
+    def __del__(self) -> None:  # a chain not closed is freed with its owner (never twice)
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (interpreter shutdown: the library may be gone)
+            pass
+
+    @property
+    def ptr(self) -> Any:
+        """The native ``llama_sampler *`` of the chain (ValueError once closed)."""
+        if self._chain is None:
+            raise ValueError("the sampler chain is closed")
+        return self._chain
+
+    # --- the chain -----------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        """The chain's samplers by llama.cpp's names, in order (a disabled one reads ``?name``)."""
+        chain = self.ptr
+        return [ffi.string(lib.llama_sampler_name(lib.llama_sampler_chain_get(chain, i))).decode()
+                for i in range(lib.llama_sampler_chain_n(chain))]
+
+    def accept(self, token: int) -> None:
+        """The chain hears an emitted token (penalties and DRY count it); a no-op without them."""
+        if self.stateful:
+            lib.llama_sampler_accept(self.ptr, int(token))
+
+    def accept_history(self, tokens: Iterable[int]) -> None:
+        """The chain hears the tokens before the first sampled one (the prompt), as llama-server feeds a
+        slot's sampler; only the last :attr:`window` of them can matter, so only those are fed."""
+        if not self.stateful:
+            return
+        toks = list(tokens)
+        for t in toks[len(toks) - self.window:] if self.window < len(toks) else toks:
+            lib.llama_sampler_accept(self.ptr, int(t))
+
+    def reset(self, history: Iterable[int] = ()) -> None:
+        """Forget what the chain heard and hear ``history`` instead (a sequence taken back)."""
+        lib.llama_sampler_reset(self.ptr)
+        self.accept_history(history)
+
+    def apply(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Run the chain over one logits ``row`` (float32, ``n_vocab``): the surviving candidates'
+        token ids (int32) and logits (float32, after bias, penalties and temperature), in the chain's
+        order; copies. Nothing is drawn and nothing heard."""
+        if row.shape != (self.n_vocab,):
+            raise InvalidParameterError(f"a logits row of {self.n_vocab} values was expected, got shape {row.shape}")
+        buf = self._buf
+        buf["id"] = self._ids  # the samplers sort in place: every row starts from the vocabulary's order
+        buf["logit"] = row
+        arr = self._arr
+        arr.data = self._data
+        arr.size = self.n_vocab
+        arr.selected = -1
+        arr.sorted = False
+        lib.llama_sampler_apply(self.ptr, arr)
+        # XTC moves the start of the array past the tokens it removes (within this buffer)
+        start = (int(ffi.cast("uintptr_t", arr.data)) - self._addr) // TOKEN_DATA.itemsize
+        size = int(arr.size)
+        if not 0 <= start <= start + size <= self.n_vocab:
+            raise RuntimeError(f"the sampler chain left candidates outside its buffer ({start}, {size})")
+        out = buf[start:start + size]
+        return out["id"].copy(), out["logit"].copy()
+
+
+def sampler_for(params: SamplingParams, n_vocab: int, vocab: Any = None) -> Sampler:
+    """A :class:`~.sampling.Sampler` drawing from a new :class:`SamplerChain` of ``params`` (close
+    the sampler, or use it as a context manager, to free the chain)."""
+    return Sampler(params, SamplerChain(params, n_vocab, vocab))
+
+
+__all__ = ["SamplerChain", "TOKEN_DATA", "native_seed", "sampler_for"]
