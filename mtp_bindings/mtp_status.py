@@ -1,5 +1,5 @@
 """The C API's MTP status codes (``enum llama_mtp_status`` of the patched ``llama.h``) and what they
-mean, as the library itself says it (``llama_mtp_status_str``, patch 0020): no second table here."""
+mean, as the library itself says it (``llama_mtp_status_str``, patch 0016): no second table here."""
 
 from __future__ import annotations
 

@@ -263,8 +263,8 @@ def resolve_flash_attn(flash_attn: str, type_v: str) -> str:
 
     Speculative verification decodes k+1 tokens at once and must give the logits a one-token
     decode gives; on the CPU it does, bit for bit, with flash attention off and on (every kernel of a
-    decode of 1..8 tokens is batch-invariant: patches 0101, 0104, 0105, 0108-0111,
-    ``tests/test_matmul_few_columns.py``). Off stays the default because it was, before 0111, the
+    decode of 1..8 tokens is batch-invariant: patches 0101-0104, 0108, 0111-0113,
+    ``tests/test_matmul_few_columns.py``). Off stays the default because it was, before 0108, the
     only way to keep "MTP output == plain output"; on is equally exact now."""
     if flash_attn != "auto":
         return flash_attn

@@ -10,8 +10,8 @@ threads than CPUs (a second generating process, a busy browser tab, a server's s
 thread it waits for is often queued behind it, and every barrier costs a scheduler time slice:
 generation ran 30-700x slower beside one other busy process. So:
 
-* ggml's barriers spin 300 pauses, then yield their CPU for up to 100 us, then sleep (our patches ``0103``,
-  ``0112``: a wake-up costs ~1 ms on some VMs, so a waiter stays awake yet never holds a CPU another
+* ggml's barriers spin 300 pauses, then yield their CPU for up to 100 us, then sleep (our patch ``0107``:
+  a wake-up costs ~1 ms on some VMs, so a waiter stays awake yet never holds a CPU another
   thread wants);
 * libgomp (graph start and end) spins ``OPENMP_SPIN_COUNT`` pauses instead of its default 300000
   (~8 ms on CPUs with a slow ``pause``) — unless the user chose ``OMP_WAIT_POLICY`` or

@@ -501,7 +501,7 @@ def _run_steps(steps) -> None:
 
 # Found by the machine above (issue 17): past 256 KV cells the one-row flash-attention path split the KV
 # by thread count, so a drafting request on the worker's threads differed from the synchronous call on the
-# context's (h by ~7e-4). Patch 0105 splits it into a fixed number of chunks.
+# context's (h by ~7e-4). Patch 0108 splits it into a fixed number of chunks.
 def test_async_drafts_equal_the_sync_call_past_256_cells_with_other_drafting_threads():
     machine = CApiMachine()
     try:
@@ -564,7 +564,7 @@ def test_a_full_size_sliding_cache_also_lets_go_of_cells_outside_the_window():
     _replay_tail_removals(True, (230, 110), (43, 66), removals_shift_decode)
 
 
-# The threadpool of patch 0027: the CPU backend pauses the pool it had when it is given another, so a pool that
+# The threadpool of patch 0015: the CPU backend pauses the pool it had when it is given another, so a pool that
 # was detached and freed before the next request was paused after it was freed (a use after free wherever
 # ggml has its own threads, e.g. the TSAN build of tools/sanitize.sh; with OpenMP the pause does nothing).
 def test_a_detached_threadpool_may_be_freed_before_the_next_request():

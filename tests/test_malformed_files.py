@@ -49,7 +49,7 @@ def test_layout_parser_finds_every_tensor(tmp_path):
 
 
 def test_out_of_range_bos_token_id_loads_and_tokenizes_without_crashing(tmp_path):
-    # found by the campaign: this used to abort the process in llama_tokenize (fixed by patch 0009)
+    # found by the campaign: this used to abort the process in llama_tokenize (fixed by patch 0012)
     data = bytearray(fixture_path("dense-target.gguf").read_bytes())
     # find the value field that follows the bos_token_id key
     fields = iter(gguf_mutate.parse_layout(bytes(data)))
@@ -67,7 +67,7 @@ def test_out_of_range_bos_token_id_loads_and_tokenizes_without_crashing(tmp_path
 
 
 def test_two_tokens_with_the_same_text_fail_the_load_instead_of_aborting(tmp_path):
-    # found by the campaign (issue 17): GGML_ASSERT in llama-vocab.cpp aborted the process (fixed by patch 0010)
+    # found by the campaign (issue 17): GGML_ASSERT in llama-vocab.cpp aborted the process (fixed by patch 0013)
     import struct
 
     data = fixture_path("dense-target.gguf").read_bytes()

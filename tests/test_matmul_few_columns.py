@@ -1,4 +1,4 @@
-"""Matrix products and attention with few input columns (patches 0100-0101, 0104, 0108-0111; issues 8, 23).
+"""Matrix products and attention with few input columns (patches 0100-0104, 0108, 0111-0114; issues 8, 23).
 
 * ggml alone: every product of f16, q8_0, q4_K and q6_K weights with n = 1..8 columns (and a few more)
   agrees with a naive reference on the dequantized weights within test-backend-ops' MUL_MAT
@@ -150,9 +150,9 @@ def small_targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
-# 600 cells: past 512, where flash attention over one query row splits the KV in chunks (0105)
+# 600 cells: past 512, where flash attention over one query row splits the KV in chunks (0108)
 # with flash attention too (off by default, forced on by a quantized V cache): past 512 cells one row splits
-# the KV in chunks (0105), and 2..8 rows split it the same way (0111)
+# the KV in chunks (0108), and 2..8 rows split it the same way (0108 too)
 @pytest.mark.parametrize("flash_attn", ["off", "on"])
 @pytest.mark.parametrize("prefix", [4, 600])
 @pytest.mark.parametrize("repack", [True, False], ids=["repacked", "plain"])

@@ -1,5 +1,5 @@
 """What a drafting request in flight waits for, and what happens when drafting throws (issue 17,
-patches 0022 and 0023), through cffi on the bundled trained pair.
+patches 0004, 0005, 0008 and 0014), through cffi on the bundled trained pair.
 
 A K-shift (``llama_memory_seq_add`` / ``seq_div`` of any sequence) rewrites every cell at the next memory
 update, and a batch mixing sequences in a context with several KV streams is split in lockstep, so the
@@ -140,7 +140,7 @@ def test_an_injected_drafting_failure_is_an_mtp_error_in_python(monkeypatch, poi
 
 
 def test_a_context_whose_drafting_state_cannot_be_set_up_is_refused_at_creation(monkeypatch):
-    """Patch 0024: the drafting state (scheduler, compute buffers, worker) is set up with the context, so a
+    """Patch 0006: the drafting state (scheduler, compute buffers, worker) is set up with the context, so a
     failure there (here injected; in real life drafting buffers that do not fit) refuses the context
     instead of failing a later generation; the model stays usable."""
     monkeypatch.setenv("LLAMA_MTP_FAULT", "setup")

@@ -63,7 +63,7 @@ def test_setting_drafting_threads_without_an_assistant_is_refused():
             ctx.set_mtp_threads(2)
 
 
-# issue 17 item 4: the worker's threadpool (patch 0027)
+# issue 17 item 4: the worker's threadpool (patch 0015)
 def test_an_attached_threadpool_computes_the_asynchronous_requests(pair):
     ctx, tok, h, pos = pair
     want, _ = ctx.decode_mtp(attn_pos=pos, last_token=tok, h_prev=h, n_steps=3)

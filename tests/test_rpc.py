@@ -242,7 +242,7 @@ def test_serve_with_rpc_flag_answers(tmp_path: Path, trained_paths: tuple[Path, 
     assert "Accepted client connection" in log
 
 
-# issue 17 item 6, found here: before patch 0025 the drafting graph's input restore list missed inputs the
+# issue 17 item 6, found here: before the fix now in patch 0007 the drafting graph's input restore list missed inputs the
 # scheduler copies to the worker, and the second drafting step crashed the worker (get_rows index assert)
 def test_a_centroid_head_drafts_over_rpc(tmp_path: Path) -> None:
     """The random centroid-head fixture drafting 3 tokens a round with every layer on a worker, in a
@@ -291,7 +291,7 @@ def _draft(model: Any) -> tuple[list[int], dict[str, int]]:
         return drafts.tolist(), graph_stats(ctx)
 
 
-# issue 17 item 7 (patch 0026): the embedding rows (the target's, for the drafted token; the centroid head's
+# issue 17 item 7 (patches 0003 and 0017): the embedding rows (the target's, for the drafted token; the centroid head's
 # candidates) were gathered in host memory, so with every layer on a device each gather was a CPU split of its
 # own in every draft step (device -> host -> device)
 @pytest.mark.parametrize("pair", ["dense", "centroid"])

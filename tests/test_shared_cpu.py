@@ -174,7 +174,7 @@ def test_logits_do_not_depend_on_the_thread_count(trained_paths):
 
 
 def test_one_token_decodes_past_512_cells_do_not_depend_on_the_thread_count(trained_paths):
-    # one query row over >= 512 KV cells takes flash attention's split-KV path (patch 0105: a fixed
+    # one query row over >= 512 KV cells takes flash attention's split-KV path (patch 0108: a fixed
     # number of chunks, not one per thread), the path of every generated token in a long context
     import numpy as np
 

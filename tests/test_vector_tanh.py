@@ -1,4 +1,4 @@
-"""ggml's CPU tanh (patch 0102): the vectorised kernel stays within a few ulps of libm's tanh, and the
+"""ggml's CPU tanh (patches 0105-0106): the vectorised kernel stays within a few ulps of libm's tanh, and the
 fused softcapping (SCALE -> TANH -> SCALE in one pass) gives the bits of the three ops.
 
 Final logit softcapping runs tanh over every logit of every verified token; the patch replaced the

@@ -1,4 +1,4 @@
-// Checks ggml's CPU tanh op (patch 0102) against libm's tanh in double precision.
+// Checks ggml's CPU tanh op (patches 0105-0106) against libm's tanh in double precision.
 //
 // Computes GGML_OP_TANH on the CPU backend with 2 threads over a contiguous f32 tensor of
 // shape [n, rows] (a long row like final logit softcapping over a vocabulary, and a few rows),

@@ -1,4 +1,4 @@
-// C-level test of the MTP API of the patched libllama (patches/0001..0006), no Python involved.
+// C-level test of the MTP API of the patched libllama (patches/0001..0009), no Python involved.
 //
 // usage: test_mtp_api TARGET.gguf ASSISTANT.gguf [EXTRA_ASSISTANT.gguf ...]
 //
