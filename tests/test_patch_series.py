@@ -1,5 +1,8 @@
 """The patch series as text (no compiled extension): every patch has a header, the header's diffstat is
-the diff's, and patches/README.md's table is what tools/patch_readme.py generates from the series."""
+the diff's, patches/README.md's table is what tools/patch_readme.py generates from the series, and the
+series keeps its shape (reviewable sizes, one number per patch, 00xx outside ggml/ and 01xx inside it).
+That a reorganised series applies to the same tree is checked by tools/patch_series_check.py, which needs
+the pinned source."""
 
 from __future__ import annotations
 
@@ -7,6 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "build_support"))
+import llama_source  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
 import patch_readme  # noqa: E402
@@ -36,6 +42,27 @@ def test_every_patch_has_a_header(patch):
 def test_patch_header_diffstat_matches_its_diff(patch):
     text = patch.read_text()
     assert patch_readme.parse_header(text).summary == patch_readme.diff_summary(text)
+
+
+MAX_LINES = 500  # a reviewer reads one concern at a time: split a patch that grows past this
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
+def test_every_patch_is_reviewable_in_one_sitting(patch):
+    assert patch_readme.line_count(patch) <= MAX_LINES, f"{patch.name}: split it by concern"
+
+
+def test_every_patch_has_its_own_number():
+    numbers = [p.name.split("-", 1)[0] for p in PATCHES]
+    assert all(len(n) == 4 and n.isdigit() for n in numbers), numbers
+    assert len(set(numbers)) == len(numbers)
+
+
+@pytest.mark.parametrize("patch", PATCHES, ids=lambda p: p.name)
+def test_number_ranges_00xx_llama_01xx_ggml(patch):
+    touched, created = llama_source.patch_paths(patch)
+    in_ggml = {f.startswith("ggml/") for f in touched + created}
+    assert in_ggml == ({True} if patch.name.startswith("01") else {False}), sorted(set(touched + created))
 
 
 def test_a_patch_without_header_is_detected():
