@@ -23,7 +23,7 @@ from .generation.state import StateIO, load_state, save_state
 from .model import LlamaModel, check_gguf_file
 from .context import Context
 from .mtp import MTPContext, attach_assistant
-from .params import EMBED_N_CTX, EMBED_POOLING
+from .config.params import EMBED_N_CTX, EMBED_POOLING
 
 logger = logging.getLogger("mtp_bindings")
 
@@ -77,7 +77,7 @@ class Model(LlamaModel):
 
     def create_context(self, *args: Any, **kwargs: Any) -> MTPContext:
         """A new :class:`~mtp_bindings.mtp.MTPContext` on this model (keyword arguments are
-        :class:`~mtp_bindings.params.ContextParams` fields)."""
+        :class:`~mtp_bindings.config.params.ContextParams` fields)."""
         ctx = super().create_context(*args, **kwargs)
         assert isinstance(ctx, MTPContext)
         return ctx

@@ -32,14 +32,14 @@ from typing import Any, Callable, Literal, Protocol, Sequence, TypeVar
 
 import numpy as np
 
-from . import _native
-from ._handle import NativeHandle
-from ._native import ffi, lib
+from .native import _native
+from .native._handle import NativeHandle
+from .native._native import ffi, lib
 from .exceptions import ContextError, ContextOverflowError, DecodeError, InvalidParameterError
-from .params import FLASH_ATTN, KV_TYPES, POOLING_TYPES, THREADS_MAX, ContextParams, valid_thread_count
-from .turns import GenerationTurn
-from .threads import (ADAPT_INTERVAL_S, ADAPT_SAMPLES, check_threads, default_threads, runnable_threads,
-                      threads_for_load, usable_cpus)
+from .config.params import FLASH_ATTN, KV_TYPES, POOLING_TYPES, THREADS_MAX, ContextParams, valid_thread_count
+from .chat.turns import GenerationTurn
+from .config.threads import (ADAPT_INTERVAL_S, ADAPT_SAMPLES, check_threads, default_threads, runnable_threads,
+                             threads_for_load, usable_cpus)
 
 LogitsSelect = Literal["last", "all", "none"] | Sequence[bool]
 T = TypeVar("T")
@@ -177,7 +177,7 @@ class Context(NativeHandle):
         return self._lock  # type: ignore[return-value]
 
     def generation_claim(self, stream: bool = True) -> AbstractContextManager[None]:
-        """Own this context for one generation (see :class:`~mtp_bindings.turns.GenerationTurn`:
+        """Own this context for one generation (see :class:`~mtp_bindings.chat.turns.GenerationTurn`:
         waits for another thread's whole generation, refuses a stream's or this thread's owner with
         :class:`~mtp_bindings.exceptions.ContextBusyError`)."""
         return self._turn.claim(stream)
@@ -232,7 +232,7 @@ class Context(NativeHandle):
 
     def adapt_threads(self) -> int:
         """For a context created without ``n_threads``: compute with the part of the thread budget
-        that other work leaves free (:func:`~mtp_bindings.threads.threads_for_load`): the least other
+        that other work leaves free (:func:`~mtp_bindings.config.threads.threads_for_load`): the least other
         load of the last ``ADAPT_SAMPLES`` readings, taken at most every ``ADAPT_INTERVAL_S``. The
         generation loop calls it between rounds, when this context's own threads are idle. Results do not depend on the thread count.
         Returns the thread count in effect."""

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._backends import LIB_DIR
-from ._native import cpu_variant, ensure_initialised, ffi, lib
+from .native._backends import LIB_DIR
+from .native._native import cpu_variant, ensure_initialised, ffi, lib
 
 _CDEF_FILE = Path(__file__).parent / "include" / "_ffi_cdef.h"
 

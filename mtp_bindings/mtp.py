@@ -24,15 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from . import _native
-from ._native import ffi, lib
+from .native import _native
+from .native._native import ffi, lib
 from .context import Context
-from .devices import placement_array
+from .native.devices import placement_array
 from .exceptions import AssistantLoadError, InvalidParameterError, MTPBusyError, MTPError, NoAssistantError
 from .model import LlamaModel
-from .mtp_status import MTP_ERR_BUSY, MTP_ERR_NO_ASSISTANT, status_text
-from .params import DRAFT_N_MAX, THREADS_MAX, valid_thread_count
-from .threadpool import ThreadPool
+from .native.mtp_status import MTP_ERR_BUSY, MTP_ERR_NO_ASSISTANT, status_text
+from .config.params import DRAFT_N_MAX, THREADS_MAX, valid_thread_count
+from .native.threadpool import ThreadPool
 
 MTP_N_STEPS_MAX = DRAFT_N_MAX  # LLAMA_MTP_MAX_STEPS
 

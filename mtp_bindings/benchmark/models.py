@@ -78,7 +78,7 @@ SHAPES = {
 
 
 def _gguf_module() -> Any:
-    from ..gguf_tools import _gguf
+    from ..gguffile.tools import _gguf
 
     return _gguf()
 

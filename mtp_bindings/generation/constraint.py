@@ -126,7 +126,7 @@ class _Vocabulary:
     end tokens, and the model's tokenizer."""
 
     def __init__(self, model: LlamaModel) -> None:
-        from .._native import lib
+        from ..native._native import lib
 
         vocab = model.vocab  # raises once the model is closed
         self.tokens: list[bytes] = []

@@ -13,15 +13,15 @@ from typing import IO, Any
 
 import numpy as np
 
-from ..chat_reply import parse_reply
-from ..chat_template import CHAT_TOKENIZE, TEXT_TOKENIZE, ChatOptions, chat_prompt, reply_markers
+from ..chat.reply import parse_reply
+from ..chat.template import CHAT_TOKENIZE, TEXT_TOKENIZE, ChatOptions, chat_prompt, reply_markers
 from ..context import Context
-from ..env import env_depth2, env_skip_streak, env_trace
+from ..config.env import env_depth2, env_skip_streak, env_trace
 from ..exceptions import ContextOverflowError, InvalidParameterError, NoAssistantError
 from ..model import LlamaModel
-from ..limits import UNTIL_FULL
-from ..params import DraftParams, SamplingParams
-from ..presets import resolve_preset
+from ..config.limits import UNTIL_FULL
+from ..config.params import DraftParams, SamplingParams
+from ..config.presets import resolve_preset
 from .logprobs import TOP_LOGPROBS_MAX, LogprobRecorder
 from .constraint import Grammar, TokenConstraint, as_grammar
 from .loop import token_rounds
@@ -113,13 +113,13 @@ def generate(
     (token id -> added logit), ``typical_p``, ``top_n_sigma``, XTC (``xtc_probability``,
     ``xtc_threshold``) and DRY (``dry_multiplier``, ``dry_base``, ``dry_allowed_length``,
     ``dry_penalty_last_n``, -1: the whole context, ``dry_sequence_breakers``), run in llama-server's
-    order through llama.cpp's sampler chain (:mod:`.chain`); each left None takes :class:`~mtp_bindings.params.SamplingParams`'
+    order through llama.cpp's sampler chain (:mod:`.chain`); each left None takes :class:`~mtp_bindings.config.params.SamplingParams`'
     default -- llama-server's, the same in every front end: temperature 0.8, top_k 40, top_p 0.95,
     min_p 0.05, no penalties; pass ``temperature=0`` for greedy decoding -- or ``sampling``'s value
     when a whole ``SamplingParams`` is given.
     Drafting: ``preset`` (default ``auto``: each round drafts the count, up to ``draft_n_max``,
     with the most expected tokens/s on this context, see :mod:`.controller`; the others are fixed
-    counts, see :mod:`mtp_bindings.presets`), or ``draft_n_max`` alone, a fixed count of tokens
+    counts, see :mod:`mtp_bindings.config.presets`), or ``draft_n_max`` alone, a fixed count of tokens
     per round (0 = plain decoding; a model without an assistant decodes plainly by default, and a
     ``preset`` or ``draft_n_max > 0`` asked of it raises :class:`NoAssistantError`), ``depth2`` overlap (default on; ``LLAMA_PIPELINE_DEPTH2=0`` turns it
     off), ``skip_streak`` threshold (``LLAMA_MTP_SKIP_STREAK_THRESHOLD``), ``trace`` (a path, a
@@ -288,7 +288,7 @@ def chat(model: LlamaModel, messages: Sequence[dict[str, Any]], *, tools: list[d
     ``{"enable_thinking": True}``) passed to the template, and generate the reply. A whole result's
     ``message`` is the reply as OpenAI's assistant message: ``content``, ``reasoning_content`` (the
     thinking channel) and, when ``tools`` were offered, ``tool_calls``; a stream yields the raw text
-    (split it with :class:`mtp_bindings.chat_reply.ReplyStream`). Tools offered with a GGUF template
+    (split it with :class:`mtp_bindings.chat.reply.ReplyStream`). Tools offered with a GGUF template
     that cannot declare them: a Gemma 4 model uses the package's Gemma 4 template, another model's
     template is used with a logged warning. An assistant's ``content: None`` renders as empty; an
     image or audio content part raises :class:`~mtp_bindings.exceptions.TextOnlyError`."""

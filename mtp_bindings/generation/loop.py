@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from ..context import Context
-from ..params import DraftParams
+from ..config.params import DraftParams
 from .constraint import TokenConstraint
 from .controller import RoundCost, make_draft_count
 from .drafter import Proposal, make_drafter

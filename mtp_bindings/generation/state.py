@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _native
-from .._native import ffi, lib
+from ..native import _native
+from ..native._native import ffi, lib
 from ..context import Context
 from ..exceptions import ContextError, InvalidParameterError, TokenizeError
 from ..mtp import current_session

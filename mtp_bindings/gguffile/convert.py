@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .exceptions import MTPBindingsError
+from ..exceptions import MTPBindingsError
 
-CONVERTER_DIR = Path(__file__).parent / "_convert"
+CONVERTER_DIR = Path(__file__).parent.parent / "_convert"
 
 
 class ConversionError(MTPBindingsError):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ._native import ffi
-from .exceptions import AssistantFileNotFoundError, AssistantLoadError, ModelFileNotFoundError, ModelLoadError
+from ..exceptions import AssistantFileNotFoundError, AssistantLoadError, ModelFileNotFoundError, ModelLoadError
 
 ProgressCallback = Callable[[float], "bool | None"]
 

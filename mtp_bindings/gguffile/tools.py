@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .exceptions import ModelLoadError
+from ..exceptions import ModelLoadError
 
 UPSTREAM_ARCH = "gemma4-assistant"   # upstream converter: nextn.* tensors
 DESIGN_ARCH = "gemma4_assistant"     # design doc layout: mtp.* tensors, I32 mtp.token_ordering
@@ -31,7 +31,7 @@ def _gguf() -> Any:
     try:
         import gguf  # a user-installed gguf-py works too
     except ImportError:
-        bundled = Path(__file__).parent / "_convert" / "gguf-py"
+        bundled = Path(__file__).parent.parent / "_convert" / "gguf-py"
         if not bundled.is_dir():
             raise ModelLoadError("gguf-py is not available (install the package, or `pip install gguf`)")
         sys.path.append(str(bundled))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from .exceptions import InvalidParameterError
+from ..exceptions import InvalidParameterError
 from .limits import DEFAULT_N_CTX
 
 # The C API's LLAMA_MTP_MAX_STEPS: the most tokens one MTP request drafts.

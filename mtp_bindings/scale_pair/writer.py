@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ._scale_tensors import Lazy
-from .exceptions import ModelLoadError
+from .tensors import Lazy
+from ..exceptions import ModelLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ VOCAB_PAD_KEY = "tokenizer.ggml.vocab_pad"  # pseudo key: pad the token lists to
 
 
 def _gguf() -> Any:
-    from .gguf_tools import _gguf as load
+    from ..gguffile.tools import _gguf as load
 
     return load()
 
@@ -146,9 +146,9 @@ def write_gguf(path: Path, source: Source, overrides: dict[str, Any], tensors: d
 
 def quantize(src: Path, dst: Path, wtype: str, threads: int | None) -> None:
     """``llama_model_quantize`` ``src`` to ``dst`` (via a temporary file)."""
-    from ._native import clear_errors, raise_native
-    from .low_level import ensure_initialised, ffi, lib
-    from .threads import default_threads
+    from ..native._native import clear_errors, raise_native
+    from ..low_level import ensure_initialised, ffi, lib
+    from ..config.threads import default_threads
 
     ensure_initialised()
     params = lib.llama_model_quantize_default_params()
