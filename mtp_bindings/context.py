@@ -37,7 +37,7 @@ from .native._handle import NativeHandle
 from .native._native import ffi, lib
 from .exceptions import ContextError, ContextOverflowError, DecodeError, InvalidParameterError
 from .config.params import FLASH_ATTN, KV_TYPES, POOLING_TYPES, THREADS_MAX, ContextParams, valid_thread_count
-from .chat.turns import GenerationTurn
+from .turns import GenerationTurn
 from .config.threads import (ADAPT_INTERVAL_S, ADAPT_SAMPLES, check_threads, default_threads, runnable_threads,
                              threads_for_load, usable_cpus)
 
@@ -177,7 +177,7 @@ class Context(NativeHandle):
         return self._lock  # type: ignore[return-value]
 
     def generation_claim(self, stream: bool = True) -> AbstractContextManager[None]:
-        """Own this context for one generation (see :class:`~mtp_bindings.chat.turns.GenerationTurn`:
+        """Own this context for one generation (see :class:`~mtp_bindings.turns.GenerationTurn`:
         waits for another thread's whole generation, refuses a stream's or this thread's owner with
         :class:`~mtp_bindings.exceptions.ContextBusyError`)."""
         return self._turn.claim(stream)

@@ -19,7 +19,7 @@ ROOT = "mtp_bindings"
 # A name matches a module and everything under it (``mtp_bindings.server`` covers the package).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("pure", ("exceptions", "config", "models", "chat", "chat.reply", "chat.template_env", "chat.gemma4_template",
-              "chat.turns", "hub", "_lazy")),
+              "turns", "hub", "_lazy")),
     ("native", ("_ffi", "native", "low_level", "chat.builtin_templates")),
     ("core", ("context", "model", "embeddings")),
     ("mtp", ("mtp", "chat.template")),
@@ -34,7 +34,7 @@ EMPTY_PACKAGES = ("native", "chat", "config", "gguffile", "scale_pair")
 
 # Modules that must import without the compiled extension (the fast test tier).
 PURE_MODULES = ("config", "config.params", "config.limits", "config.presets", "config.env", "config.threads",
-                "exceptions", "chat", "chat.reply", "chat.template_env", "chat.gemma4_template", "chat.turns",
+                "exceptions", "chat", "chat.reply", "chat.template_env", "chat.gemma4_template", "turns",
                 "hub", "_lazy",
                 "native", "native._backends",
                 "gguffile", "gguffile.tools",

@@ -2,6 +2,6 @@
 
 :mod:`.template` renders a chat with the model's Jinja template (:mod:`.template_env`, the
 package's Gemma 4 template in :mod:`.gemma4_template`) or one of llama.cpp's built-in formats
-(:mod:`.builtin_templates`); :mod:`.reply` splits a reply into content, thinking and tool calls;
-:mod:`.turns` lets one generation at a time own a context. Importing this package loads nothing.
+(:mod:`.builtin_templates`); :mod:`.reply` splits a reply into content, thinking and tool calls.
+Importing this package loads nothing.
 """

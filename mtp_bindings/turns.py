@@ -23,7 +23,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..exceptions import ContextBusyError
+from .exceptions import ContextBusyError
 
 
 class GenerationTurn:
