@@ -47,7 +47,9 @@ if TYPE_CHECKING:
     from .generation.constraint import Grammar
     from .generation.logprobs import TokenLogprob
     from .generation.results import GenerationResult, TextPiece
-    from .config.params import ContextParams, SamplingParams
+    from .config.params import ContextParams, SamplingParams, SpeculativeParams
+    from .generation.stats import GenerationStats
+    from .chat.reply import ReplyStream
     from .native.threadpool import ThreadPool
 
 # The package's version, read by the build too (pyproject.toml's regex metadata provider).
@@ -57,6 +59,8 @@ __version__ = "0.1.0"
 _LAZY = {"Model": (".api", "Model"), "Context": (".mtp", "MTPContext"),
          "ContextParams": (".config.params", "ContextParams"), "set_verbose": (".native._native", "set_verbose"),
          "SamplingParams": (".config.params", "SamplingParams"),
+         "SpeculativeParams": (".config.params", "SpeculativeParams"),
+         "GenerationStats": (".generation.stats", "GenerationStats"), "ReplyStream": (".chat.reply", "ReplyStream"),
          "GenerationResult": (".generation.results", "GenerationResult"),
          "TextPiece": (".generation.results", "TextPiece"), "TokenLogprob": (".generation.logprobs", "TokenLogprob"),
          "Grammar": (".generation.constraint", "Grammar"), "ThreadPool": (".native.threadpool", "ThreadPool")}
@@ -70,8 +74,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "Model", "Context", "ContextParams", "SamplingParams", "GenerationResult", "TextPiece", "TokenLogprob", "Grammar",
-    "ThreadPool", "set_verbose",
+    "Model", "Context", "ContextParams", "SamplingParams", "SpeculativeParams", "GenerationResult", "GenerationStats",
+    "TextPiece", "TokenLogprob", "Grammar", "ReplyStream", "ThreadPool", "set_verbose",
     "MTPBindingsError", "InvalidParameterError", "ModelLoadError", "ModelFileNotFoundError",
     "AssistantLoadError", "AssistantFileNotFoundError", "ContextError", "TokenizeError", "DecodeError",
     "ContextOverflowError", "MTPError", "MTPBusyError", "NoAssistantError", "GenerationCancelled",

@@ -1,11 +1,11 @@
-"""``Context``: one llama.cpp inference context on a model (:class:`~mtp_bindings.model.LlamaModel`) — decode
+"""``LlamaContext``: one llama.cpp inference context on a model (:class:`~mtp_bindings.model.LlamaModel`) — decode
 batches, read logits and embeddings as numpy arrays, and edit the KV memory.
 
 A context serializes its own use: calls from several threads take turns (each public method holds
 the context's lock), so two threads sharing one context get consistent, if interleaved, results.
 Give each thread its own context for parallel work.
 
-A generation owns its context from its first token to its end (:meth:`Context.generation_claim`),
+A generation owns its context from its first token to its end (:meth:`LlamaContext.generation_claim`),
 so two never interleave on one KV cache. A second generation asked of an owned context waits its
 turn when the owner is another thread's whole (non-stream) generation, which runs to its end; when
 the owner is a stream -- which its reader may keep suspended in a variable for any time -- or a
@@ -14,9 +14,10 @@ generation on the same thread, waiting could last forever, so it raises
 never meets either: the model lends it an idle context of its pool or a fresh one.
 
 A context knows nothing of drafting. Layers above it subscribe to its events instead:
-:meth:`Context.on_kv_edit` callbacks run before a destructive KV edit and :meth:`Context.on_close`
-callbacks before the native context is freed (the MTP layer drains its request in flight there).
-:attr:`Context.observer`, None by default, is told how long each native decode took (benchmarks).
+:meth:`LlamaContext.on_kv_edit` callbacks run before a destructive KV edit and :meth:`LlamaContext.on_close`
+callbacks before the native context is freed (the MTP layer drains its request in flight there); the public ``mtp_bindings.Context`` is
+:class:`~mtp_bindings.mtp.MTPContext`, this class with the drafting methods.
+:attr:`LlamaContext.observer`, None by default, is told how long each native decode took (benchmarks).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def native_context_params(params: ContextParams) -> Any:
     return p
 
 
-class Context(NativeHandle):
+class LlamaContext(NativeHandle):
     """An inference context. Create it with :meth:`Model.create_context`; close it (or use
     ``with``) to free its native memory.
 
@@ -156,7 +157,7 @@ class Context(NativeHandle):
         with self._lock:
             self._before_close.append(callback)
 
-    def extension(self, key: str, factory: Callable[[Context], T] | None = None) -> T | None:
+    def extension(self, key: str, factory: Callable[[LlamaContext], T] | None = None) -> T | None:
         """Per-context state a layer above keeps here under ``key`` (the MTP layer's session):
         created by ``factory(self)`` on first use when a factory is given, else None while absent.
         Under the context's lock, so two threads never create two."""

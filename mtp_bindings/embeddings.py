@@ -22,7 +22,7 @@ from typing import Any, Union
 import numpy as np
 
 from .native._native import ffi, lib
-from .context import Context
+from .context import LlamaContext
 from .exceptions import ContextOverflowError, DecodeError, InvalidParameterError, TokenizeError
 from .config.params import EMBD_NORMALIZE, EMBED_N_CTX, EMBED_POOLING, POOLING_TYPES
 
@@ -106,7 +106,7 @@ class Embedder:
             raise InvalidParameterError(f"n_ctx must be a positive int, got {n_ctx!r}")
         self.model = model
         self.pooling = pooling
-        self.context: Context = model.create_context(n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, embeddings=True,
+        self.context: LlamaContext = model.create_context(n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, embeddings=True,
                                                      pooling=pooling, n_threads=n_threads)
         # llama.cpp pads n_ctx; the bound is one physical batch (a longer input would be pooled per chunk)
         self.n_ctx = min(self.context.n_ctx, self.context.n_batch, int(lib.llama_n_ubatch(self.context.ptr)))

@@ -25,7 +25,7 @@ from .native._handle import NativeHandle
 from .native._model_file import (GGUF_MAGIC, ProgressCallback, _c_string, _tqdm_progress, check_gguf_file,  # noqa: F401
                                  negative_needs, read_grown, snprintf_needs)
 from .native._native import ffi, lib
-from .context import Context
+from .context import LlamaContext
 from .native.devices import add_rpc_servers, parse_rpc_servers, placement_array
 from .exceptions import (
     ContextError,
@@ -80,7 +80,7 @@ class LlamaModel(NativeHandle):
     closed_error = ModelLoadError
     kind = "model"
     # what create_context makes: a layer above may offer a richer context
-    context_type: type[Context] = Context
+    context_type: type[LlamaContext] = LlamaContext
 
     def __init__(
         self,
@@ -98,8 +98,8 @@ class LlamaModel(NativeHandle):
     ) -> None:
         self._ptr = ffi.NULL
         self._lock = threading.Lock()
-        self._contexts: weakref.WeakSet[Context] = weakref.WeakSet()
-        self._idle: list[Context] = []  # the generation pool's idle contexts (see generation_context)
+        self._contexts: weakref.WeakSet[LlamaContext] = weakref.WeakSet()
+        self._idle: list[LlamaContext] = []  # the generation pool's idle contexts (see generation_context)
         # guards _idle only; re-entrant: a stream collected by the GC hands its context back from
         # whatever code this thread runs then, even code holding this lock
         self._pool_lock = threading.RLock()
@@ -346,7 +346,7 @@ class LlamaModel(NativeHandle):
 
     # --- contexts ---------------------------------------------------------------------------------
 
-    def create_context(self, params: ContextParams | None = None, **kwargs: Any) -> Context:
+    def create_context(self, params: ContextParams | None = None, **kwargs: Any) -> LlamaContext:
         """A new context on this model (a :attr:`context_type`; keyword arguments are
         :class:`~mtp_bindings.config.params.ContextParams` fields, over the model's :attr:`context_settings`)."""
         if self.vocab_only:
@@ -374,7 +374,7 @@ class LlamaModel(NativeHandle):
         return self.context_settings.get("n_ctx") or default_n_ctx(self.n_ctx_train)
 
     @contextmanager
-    def generation_context(self) -> Iterator[Context]:
+    def generation_context(self) -> Iterator[LlamaContext]:
         """A context of the model's pool, owned for one generation (``generate`` without a
         ``context``): an idle one (the most recently used first: its prompt cache is the warmest),
         else a fresh one -- so overlapping generations (two streams, or two threads) each get their

@@ -1,6 +1,7 @@
-"""The entry points ``generate`` and ``chat``: check the arguments, resolve the defaults (the
-preset, then the environment -- read here, at the library's edge, and nowhere below), run the
-round loop and assemble its tokens into a result or a stream of text pieces.
+"""The entry point ``generate`` (``chat``, in :mod:`.chat`, renders a chat and calls it): check the
+arguments, resolve the defaults (the preset, then the environment -- read here, at the library's
+edge, and nowhere below), run the round loop and assemble its tokens into a result or a stream of
+text pieces.
 """
 
 from __future__ import annotations
@@ -9,18 +10,20 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import IO, Any
+from collections.abc import Generator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import IO, Any, Literal, overload
 
 import numpy as np
 
-from ..chat.reply import parse_reply
-from ..chat.template import CHAT_TOKENIZE, TEXT_TOKENIZE, ChatOptions, chat_prompt, reply_markers
-from ..context import Context
+from ..chat.template import TEXT_TOKENIZE
+from ..context import LlamaContext
 from ..config.env import env_depth2, env_skip_streak, env_trace
 from ..exceptions import ContextOverflowError, InvalidParameterError, NoAssistantError
 from ..model import LlamaModel
 from ..config.limits import UNTIL_FULL
-from ..config.params import DraftParams, SamplingParams
+from ..config.params import DraftParams, SamplingParams, SpeculativeParams
 from ..config.presets import resolve_preset
 from .logprobs import TOP_LOGPROBS_MAX, LogprobRecorder
 from .constraint import Grammar, TokenConstraint, as_grammar
@@ -30,6 +33,21 @@ from .chain import sampler_for
 from .stats import GenerationStats
 from .text import TextAssembler
 from .trace import Tracer
+
+
+# The verifier's hidden-state row (``DraftParams.h_idx``): "last" reproduces the design's regression,
+# for tests only (``with h_idx_for_tests("last"): model.generate(...)``), so not a parameter of generate.
+_H_IDX: ContextVar[str] = ContextVar("mtp_bindings_h_idx", default="accepted")
+
+
+@contextmanager
+def h_idx_for_tests(h_idx: str) -> Generator[None, None, None]:
+    """Generations started in the ``with`` block use ``h_idx`` (``"accepted"`` or ``"last"``)."""
+    token = _H_IDX.set(h_idx)
+    try:
+        yield
+    finally:
+        _H_IDX.reset(token)
 
 
 def draft_params(draft_n_max: int | None = None, depth2: bool | None = None, skip_streak: int | None = None,
@@ -59,6 +77,7 @@ def sampling_params(base: SamplingParams | None = None, **given: Any) -> Samplin
     return dataclasses.replace(base or SamplingParams(), **chosen)
 
 
+@overload
 def generate(
     model: LlamaModel,
     prompt: str | Sequence[int],
@@ -85,24 +104,119 @@ def generate(
     dry_sequence_breakers: Sequence[str] | None = None,
     sampling: SamplingParams | None = None,
     stop: str | Sequence[str] | None = None,
+    speculative: SpeculativeParams | None = None,
     draft_n_max: int | None = None,
     preset: str | None = None,
     depth2: bool | None = None,
     skip_streak: int | None = None,
     trace: str | os.PathLike[str] | IO[str] | None = None,
-    stream: bool = False,
     cancel: Callable[[], bool] | None = None,
     prompt_progress: Callable[[int, int], None] | None = None,
-    context: Context | None = None,
+    context: LlamaContext | None = None,
     add_special: bool = TEXT_TOKENIZE["add_special"],
     parse_special: bool = TEXT_TOKENIZE["parse_special"],
-    h_idx: str = "accepted",
     ignore_eos: bool = False,
     logprobs: int | None = None,
     cache_prompt: bool = DraftParams.cache_prompt,
     grammar: Grammar | str | None = None,
     json_schema: dict[str, Any] | str | None = None,
     special_tokens: Collection[int] = (),
+    stream: Literal[False] = False,
+) -> GenerationResult: ...
+
+
+@overload
+def generate(
+    model: LlamaModel,
+    prompt: str | Sequence[int],
+    *,
+    max_tokens: int = 128,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    repeat_penalty: float | None = None,
+    repeat_last_n: int | None = None,
+    presence_penalty: float | None = None,
+    frequency_penalty: float | None = None,
+    seed: int | None = None,
+    logit_bias: dict[int, float] | None = None,
+    typical_p: float | None = None,
+    top_n_sigma: float | None = None,
+    xtc_probability: float | None = None,
+    xtc_threshold: float | None = None,
+    dry_multiplier: float | None = None,
+    dry_base: float | None = None,
+    dry_allowed_length: int | None = None,
+    dry_penalty_last_n: int | None = None,
+    dry_sequence_breakers: Sequence[str] | None = None,
+    sampling: SamplingParams | None = None,
+    stop: str | Sequence[str] | None = None,
+    speculative: SpeculativeParams | None = None,
+    draft_n_max: int | None = None,
+    preset: str | None = None,
+    depth2: bool | None = None,
+    skip_streak: int | None = None,
+    trace: str | os.PathLike[str] | IO[str] | None = None,
+    cancel: Callable[[], bool] | None = None,
+    prompt_progress: Callable[[int, int], None] | None = None,
+    context: LlamaContext | None = None,
+    add_special: bool = TEXT_TOKENIZE["add_special"],
+    parse_special: bool = TEXT_TOKENIZE["parse_special"],
+    ignore_eos: bool = False,
+    logprobs: int | None = None,
+    cache_prompt: bool = DraftParams.cache_prompt,
+    grammar: Grammar | str | None = None,
+    json_schema: dict[str, Any] | str | None = None,
+    special_tokens: Collection[int] = (),
+    stream: Literal[True],
+) -> Iterator[TextPiece]: ...
+
+
+def generate(
+    model: LlamaModel,
+    prompt: str | Sequence[int],
+    *,
+    max_tokens: int = 128,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    repeat_penalty: float | None = None,
+    repeat_last_n: int | None = None,
+    presence_penalty: float | None = None,
+    frequency_penalty: float | None = None,
+    seed: int | None = None,
+    logit_bias: dict[int, float] | None = None,
+    typical_p: float | None = None,
+    top_n_sigma: float | None = None,
+    xtc_probability: float | None = None,
+    xtc_threshold: float | None = None,
+    dry_multiplier: float | None = None,
+    dry_base: float | None = None,
+    dry_allowed_length: int | None = None,
+    dry_penalty_last_n: int | None = None,
+    dry_sequence_breakers: Sequence[str] | None = None,
+    sampling: SamplingParams | None = None,
+    stop: str | Sequence[str] | None = None,
+    speculative: SpeculativeParams | None = None,
+    draft_n_max: int | None = None,
+    preset: str | None = None,
+    depth2: bool | None = None,
+    skip_streak: int | None = None,
+    trace: str | os.PathLike[str] | IO[str] | None = None,
+    cancel: Callable[[], bool] | None = None,
+    prompt_progress: Callable[[int, int], None] | None = None,
+    context: LlamaContext | None = None,
+    add_special: bool = TEXT_TOKENIZE["add_special"],
+    parse_special: bool = TEXT_TOKENIZE["parse_special"],
+    ignore_eos: bool = False,
+    logprobs: int | None = None,
+    cache_prompt: bool = DraftParams.cache_prompt,
+    grammar: Grammar | str | None = None,
+    json_schema: dict[str, Any] | str | None = None,
+    special_tokens: Collection[int] = (),
+    stream: bool = False,
 ) -> GenerationResult | Iterator[TextPiece]:
     """Generate a continuation of ``prompt`` (text or token ids).
 
@@ -117,7 +231,9 @@ def generate(
     default -- llama-server's, the same in every front end: temperature 0.8, top_k 40, top_p 0.95,
     min_p 0.05, no penalties; pass ``temperature=0`` for greedy decoding -- or ``sampling``'s value
     when a whole ``SamplingParams`` is given.
-    Drafting: ``preset`` (default ``auto``: each round drafts the count, up to ``draft_n_max``,
+    Drafting: ``speculative``, a :class:`~mtp_bindings.config.params.SpeculativeParams` (the four
+    settings below in one object; a flat keyword given as well overrides its field), or flat:
+    ``preset`` (default ``auto``: each round drafts the count, up to ``draft_n_max``,
     with the most expected tokens/s on this context, see :mod:`.controller`; the others are fixed
     counts, see :mod:`mtp_bindings.config.presets`), or ``draft_n_max`` alone, a fixed count of tokens
     per round (0 = plain decoding; a model without an assistant decodes plainly by default, and a
@@ -172,7 +288,12 @@ def generate(
                          dry_penalty_last_n=dry_penalty_last_n,
                          dry_sequence_breakers=dry_sequence_breakers)
     logit_bias = sp.logit_bias
-    opts = draft_params(draft_n_max, depth2, skip_streak, preset, h_idx, ignore_eos, cache_prompt)
+    spec = speculative or SpeculativeParams()
+    draft_n_max = spec.draft_n_max if draft_n_max is None else draft_n_max
+    preset = spec.preset if preset is None else preset
+    opts = draft_params(draft_n_max, spec.depth2 if depth2 is None else depth2,
+                        spec.skip_streak if skip_streak is None else skip_streak, preset, _H_IDX.get(), ignore_eos,
+                        cache_prompt)
     if ((draft_n_max or 0) > 0 or (preset is not None and draft_n_max != 0)) and not model.has_assistant:
         # asked for by name: decoding plainly instead would hide a missing or forgotten assistant
         raise NoAssistantError(f"drafting was asked for ({'preset=' + repr(preset) if preset is not None else ''}"
@@ -215,7 +336,7 @@ def generate(
                             logprobs=None if logprobs is None else [lp for p in pieces for lp in p.logprobs or []])
 
 
-def _pieces(model: LlamaModel, context: Context | None, prompt: list[int], sp: SamplingParams, max_tokens: int,
+def _pieces(model: LlamaModel, context: LlamaContext | None, prompt: list[int], sp: SamplingParams, max_tokens: int,
             stops: list[str], opts: DraftParams, trace: Any, cancel: Callable[[], bool] | None,
             prompt_progress: Callable[[int, int], None] | None = None,
             recorder: LogprobRecorder | None = None,
@@ -278,25 +399,3 @@ def _pieces(model: LlamaModel, context: Context | None, prompt: list[int], sp: S
             tracer.close()
             stats.t_total = time.perf_counter() - t0
     yield TextPiece(text.flush(), [], stats, finish, logprobs=None if recorder is None else [])
-
-
-def chat(model: LlamaModel, messages: Sequence[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
-         chat_template: str | None = None, chat_template_kwargs: dict[str, Any] | None = None,
-         **kwargs: Any) -> GenerationResult | Iterator[TextPiece]:
-    """Apply the model's chat template (jinja2; ``chat_template``: a template source instead of the
-    GGUF's) to ``messages``, with OpenAI-style ``tools`` and ``chat_template_kwargs`` (e.g.
-    ``{"enable_thinking": True}``) passed to the template, and generate the reply. A whole result's
-    ``message`` is the reply as OpenAI's assistant message: ``content``, ``reasoning_content`` (the
-    thinking channel) and, when ``tools`` were offered, ``tool_calls``; a stream yields the raw text
-    (split it with :class:`mtp_bindings.chat.reply.ReplyStream`). Tools offered with a GGUF template
-    that cannot declare them: a Gemma 4 model uses the package's Gemma 4 template, another model's
-    template is used with a logged warning. An assistant's ``content: None`` renders as empty; an
-    image or audio content part raises :class:`~mtp_bindings.exceptions.TextOnlyError`."""
-    prompt = chat_prompt(model, messages, ChatOptions(tools, chat_template, chat_template_kwargs or {}))
-    for key, value in CHAT_TOKENIZE.items():
-        kwargs.setdefault(key, value)
-    kwargs.setdefault("special_tokens", reply_markers(model))
-    out = generate(model, prompt.text, **kwargs)
-    if isinstance(out, GenerationResult):
-        out.message = parse_reply(out.text, tools=bool(tools), prefix=prompt.reply_prefix).message()
-    return out

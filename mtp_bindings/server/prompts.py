@@ -1,7 +1,7 @@
 """Prompts as tokens: how a chat's messages or a completion's prompt becomes the token ids a
 slot generates from.
 
-One job: tokenize exactly as :func:`~mtp_bindings.generation.driver.chat` and
+One job: tokenize exactly as :func:`~mtp_bindings.generation.chat.chat` and
 :func:`~mtp_bindings.generation.driver.generate` do in-process, so the server's output equals the
 library's for the same request: chats by the library's one rule
 (:func:`mtp_bindings.chat.template.chat_tokens`), text prompts as ``generate`` tokenizes them.
