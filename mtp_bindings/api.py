@@ -1,7 +1,7 @@
 """The public ``Model``: a loaded target with its optional MTP assistant, contexts that can draft,
 and the convenience entry points ``generate`` and ``chat``.
 
-Why a subclass in its own module: the model of the lower layer (:class:`~.model.LlamaModel`)
+Why a subclass in its own module: the model of the lower layer (:class:`~.llama_model.LlamaModel`)
 must not know drafting or generation, yet ``mtp_bindings.Model(...).generate(...)`` is the API
 users, the README and the examples rely on. This module sits above :mod:`.generation` and adds
 what needs the upper layers -- as argon2-cffi's ``PasswordHasher`` sits over its ``low_level`` --
@@ -20,8 +20,8 @@ from .hub import resolve
 from .generation.chat import chat
 from .generation.driver import generate
 from .generation.state import StateIO, load_state, save_state
-from .model import LlamaModel, check_gguf_file
-from .context import LlamaContext
+from .llama_model import LlamaModel, check_gguf_file
+from .llama_context import LlamaContext
 from .mtp import MTPContext, attach_assistant
 from .config.params import EMBED_N_CTX, EMBED_POOLING
 
@@ -45,7 +45,7 @@ class Model(LlamaModel):
     ``progress``, ``verbose``, and the context settings ``n_ctx``, ``n_threads``, ``n_threads_batch``,
     ``n_batch``, ``n_ubatch``, ``type_k``, ``type_v``, ``flash_attn``, ... as llama-cpp-python's
     ``Llama(...)`` takes them: the defaults of the contexts ``generate`` / ``chat`` and
-    :meth:`create_context` make) are :class:`~mtp_bindings.model.LlamaModel`'s; any other keyword is a
+    :meth:`create_context` make) are :class:`~mtp_bindings.llama_model.LlamaModel`'s; any other keyword is a
     TypeError naming ``Model``. An MTP assistant file given as ``path`` is refused
     (:class:`~mtp_bindings.exceptions.NotATargetModelError`). With ``rpc_servers``
     (other machines' ``rpc-server`` workers, llama.cpp's ``--rpc``) ``n_gpu_layers`` splits the layers

@@ -22,7 +22,7 @@ from typing import Any, Union
 import numpy as np
 
 from .native._native import ffi, lib
-from .context import LlamaContext
+from .llama_context import LlamaContext
 from .exceptions import ContextOverflowError, DecodeError, InvalidParameterError, TokenizeError
 from .config.params import EMBD_NORMALIZE, EMBED_N_CTX, EMBED_POOLING, POOLING_TYPES
 

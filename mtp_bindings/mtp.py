@@ -2,11 +2,11 @@
 ``llama_decode_mtp_async`` / ``_wait`` (or the synchronous ``llama_decode_mtp``).
 
 The MTP layer, under the generation loop (:mod:`mtp_bindings.generation`) and over the core
-:class:`~mtp_bindings.context.LlamaContext`: it checks
+:class:`~mtp_bindings.llama_context.LlamaContext`: it checks
 arguments, owns the host buffers, enforces the one-request-in-flight contract on the Python side
 and turns the C return codes into exceptions. An :class:`MTPSession` holds one context's drafting
 state; it subscribes to the context's KV-edit and close events (:meth:`LlamaContext.on_kv_edit`,
-:meth:`LlamaContext.on_close`) to drain its request in flight, so :class:`~mtp_bindings.context.LlamaContext`
+:meth:`LlamaContext.on_close`) to drain its request in flight, so :class:`~mtp_bindings.llama_context.LlamaContext`
 itself knows nothing of drafting. :class:`MTPContext` is a context with the drafting methods; the
 public :class:`mtp_bindings.Model` creates those. Use it when you write your own speculative loop::
 
@@ -27,10 +27,10 @@ import numpy as np
 
 from .native import _native
 from .native._native import ffi, lib
-from .context import LlamaContext
+from .llama_context import LlamaContext
 from .native.devices import placement_array
 from .exceptions import AssistantLoadError, InvalidParameterError, MTPBusyError, MTPError, NoAssistantError
-from .model import LlamaModel
+from .llama_model import LlamaModel
 from .native.mtp_status import MTP_ERR_BUSY, MTP_ERR_NO_ASSISTANT, status_text
 from .config.params import DRAFT_N_MAX, THREADS_MAX, valid_thread_count
 from .native.threadpool import ThreadPool
@@ -248,7 +248,7 @@ def current_session(ctx: LlamaContext) -> MTPSession | None:
 
 
 class MTPContext(LlamaContext):
-    """A :class:`~mtp_bindings.context.LlamaContext` that can also draft with the model's MTP assistant."""
+    """A :class:`~mtp_bindings.llama_context.LlamaContext` that can also draft with the model's MTP assistant."""
 
     def decode_mtp_async(self, *, seq_id: int = 0, attn_pos: int, last_token: int, h_prev: np.ndarray,
                          n_steps: int) -> MTPHandle:

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("pure", ("exceptions", "config", "models", "chat", "chat.reply", "chat.template_env", "chat.gemma4_template",
               "turns", "hub", "_lazy")),
     ("native", ("_ffi", "native", "low_level", "chat.builtin_templates")),
-    ("core", ("context", "model", "embeddings")),
+    ("core", ("llama_context", "llama_model", "embeddings")),
     ("mtp", ("mtp", "chat.template")),
     ("generation", ("generation",)),
     ("api", ("api",)),
@@ -127,7 +127,7 @@ def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_sees_function_level_and_type_checking_imports():
     g = graph()
     assert f"{ROOT}.generation.driver" in g[f"{ROOT}.api"]
-    assert f"{ROOT}.native._native" in g[f"{ROOT}.context"]
+    assert f"{ROOT}.native._native" in g[f"{ROOT}.llama_context"]
 
 
 def test_layered_subpackages_import_nothing():

@@ -7,8 +7,8 @@ import pytest
 
 from fixture_paths import PAIRS, fixture_path
 from mtp_bindings import Model
-from mtp_bindings.context import LlamaContext
-from mtp_bindings.model import LlamaModel, negative_needs, read_grown, snprintf_needs
+from mtp_bindings.llama_context import LlamaContext
+from mtp_bindings.llama_model import LlamaModel, negative_needs, read_grown, snprintf_needs
 from mtp_bindings.mtp import MTPContext, current_session
 
 

@@ -15,7 +15,7 @@ from .builtin_templates import apply_builtin_template, is_builtin_template
 from .reply import MARKERS, reply_prefix
 from ..exceptions import InvalidParameterError, TextOnlyError
 from .gemma4_template import GEMMA4_TEMPLATE
-from ..model import LlamaModel
+from ..llama_model import LlamaModel
 from .template_env import template_environment
 
 # A rendered chat prompt already holds its BOS and turn markers as text: add nothing, and parse the

@@ -76,7 +76,7 @@ def _load_progress(target: Path, interrupt: Interrupt) -> Any:
     """The load's progress callback: a bar on a terminal, and either way stop on Ctrl-C."""
     if not sys.stderr.isatty():
         return interrupt.keep_loading
-    from ..model import _tqdm_progress
+    from ..llama_model import _tqdm_progress
 
     bar = _tqdm_progress(f"loading {target.name}")
 

@@ -12,8 +12,8 @@ from typing import IO, Any, Literal, overload
 from ..chat.reply import parse_reply
 from ..chat.template import CHAT_TOKENIZE, ChatOptions, chat_prompt, reply_markers
 from ..config.params import DraftParams, SamplingParams, SpeculativeParams
-from ..context import LlamaContext
-from ..model import LlamaModel
+from ..llama_context import LlamaContext
+from ..llama_model import LlamaModel
 from .constraint import Grammar
 from .driver import generate
 from .results import GenerationResult, TextPiece

@@ -27,7 +27,7 @@ import numpy as np
 from ..exceptions import InvalidParameterError, MTPBindingsError
 
 if TYPE_CHECKING:
-    from ..model import LlamaModel
+    from ..llama_model import LlamaModel
 
 # JSON whitespace between tokens: at most this many characters in a row (as llama.cpp's own
 # JSON-schema grammars bound it); unbounded whitespace lets a weak model pad until max_tokens.

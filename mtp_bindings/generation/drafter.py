@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..context import LlamaContext
+from ..llama_context import LlamaContext
 from ..mtp import MTPHandle, session_of, set_worker_threads
 
 

@@ -18,10 +18,10 @@ from typing import IO, Any, Literal, overload
 import numpy as np
 
 from ..chat.template import TEXT_TOKENIZE
-from ..context import LlamaContext
+from ..llama_context import LlamaContext
 from ..config.env import env_depth2, env_skip_streak, env_trace
 from ..exceptions import ContextOverflowError, InvalidParameterError, NoAssistantError
-from ..model import LlamaModel
+from ..llama_model import LlamaModel
 from ..config.limits import UNTIL_FULL
 from ..config.params import DraftParams, SamplingParams, SpeculativeParams
 from ..config.presets import resolve_preset
@@ -267,7 +267,7 @@ def generate(
     of it meanwhile waits its turn if the owner is another thread's whole (non-stream) generation, and
     raises :class:`~mtp_bindings.exceptions.ContextBusyError` at once if the owner is a stream or on
     the same thread (a wait there could be endless). Without ``context`` the model lends one of its pool (an idle one, else a fresh one; see
-    :meth:`~mtp_bindings.model.LlamaModel.generation_context`), so overlapping generations -- two
+    :meth:`~mtp_bindings.llama_model.LlamaModel.generation_context`), so overlapping generations -- two
     streams zipped, a stream kept in a variable while another thread generates -- each get their
     own, neither waits nor disturbs the other. Its size is the model's ``n_ctx`` setting
     (``Model(path, n_ctx=8192)``); a prompt that does not fit raises :class:`ContextOverflowError`.

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ..context import LlamaContext
+from ..llama_context import LlamaContext
 from ..config.params import DraftParams
 from .constraint import TokenConstraint
 from .controller import RoundCost, make_draft_count

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..context import LlamaContext
+from ..llama_context import LlamaContext
 
 PromptProgress = Callable[[int, int], "bool | None"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..context import LlamaContext
+from ..llama_context import LlamaContext
 
 KEY = "prompt_cache"
 

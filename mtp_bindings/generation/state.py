@@ -26,7 +26,7 @@ import numpy as np
 
 from ..native import _native
 from ..native._native import ffi, lib
-from ..context import LlamaContext
+from ..llama_context import LlamaContext
 from ..exceptions import ContextError, InvalidParameterError, TokenizeError
 from ..mtp import current_session
 from .prompt_cache import prompt_cache

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..context import LlamaContext
+from ..llama_context import LlamaContext
 
 
 class Verifier:

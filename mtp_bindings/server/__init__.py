@@ -1,7 +1,7 @@
 """An OpenAI-compatible HTTP server over the generation driver (``mtp-bindings serve``).
 
 Why it exists: most Python LLM tooling talks to models through the OpenAI HTTP API. This module
-puts one loaded :class:`~mtp_bindings.model.Model` (optionally with its MTP assistant) behind
+puts one loaded :class:`~mtp_bindings.llama_model.Model` (optionally with its MTP assistant) behind
 that API, so those tools get MTP speculative decoding without code changes.
 
 Endpoints:

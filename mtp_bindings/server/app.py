@@ -76,7 +76,7 @@ def create_app(
     """The FastAPI app serving ``model`` (already loaded, assistant attached or not) as
     ``model_name``. A request that sets no length limit gets at most ``n_predict`` tokens (-1:
     until the context is full). ``n_slots`` contexts of ``n_ctx`` tokens (KV types and flash attention as in
-    :class:`~mtp_bindings.context.ContextParams`; ``n_threads`` is the budget all slots share,
+    :class:`~mtp_bindings.llama_context.ContextParams`; ``n_threads`` is the budget all slots share,
     default the usable CPUs, see :func:`~mtp_bindings.config.threads.threads_per_slot`; ``n_threads_batch``, the
     prompt's budget, is shared the same way, default as ``n_threads``) are created when the app starts
     and freed when it stops; the model stays the caller's. Drafting defaults (``draft_n_max``,

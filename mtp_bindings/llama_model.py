@@ -25,7 +25,7 @@ from .native._handle import NativeHandle
 from .native._model_file import (GGUF_MAGIC, ProgressCallback, _c_string, _tqdm_progress, check_gguf_file,  # noqa: F401
                                  negative_needs, read_grown, snprintf_needs)
 from .native._native import ffi, lib
-from .context import LlamaContext
+from .llama_context import LlamaContext
 from .native.devices import add_rpc_servers, parse_rpc_servers, placement_array
 from .exceptions import (
     ContextError,

@@ -1,4 +1,4 @@
-"""``LlamaContext``: one llama.cpp inference context on a model (:class:`~mtp_bindings.model.LlamaModel`) — decode
+"""``LlamaContext``: one llama.cpp inference context on a model (:class:`~mtp_bindings.llama_model.LlamaModel`) — decode
 batches, read logits and embeddings as numpy arrays, and edit the KV memory.
 
 A context serializes its own use: calls from several threads take turns (each public method holds
@@ -49,7 +49,7 @@ NativeObserver = Callable[[str, float], None]
 
 
 class ModelLike(Protocol):
-    """What a context needs of its model (:class:`~mtp_bindings.model.LlamaModel` is one)."""
+    """What a context needs of its model (:class:`~mtp_bindings.llama_model.LlamaModel` is one)."""
 
     @property
     def ptr(self) -> Any: ...
