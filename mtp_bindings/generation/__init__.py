@@ -18,7 +18,8 @@ One module per job, each importing only downward (see ARCHITECTURE.md):
 * :mod:`.controller` -- how many tokens each round drafts (a fixed count, or ``auto``);
 * :mod:`.agreement` -- when two computations' greedy tokens agree (the near-tie rule), teacher-forced rows;
 * :mod:`.text` -- tokens to text pieces; :mod:`.trace` -- the NDJSON acceptance trace;
-* :mod:`.driver` -- the entry point ``generate``; :mod:`.chat` -- ``chat``, on top of it.
+* :mod:`.driver` -- the entry point ``generate``; :mod:`.chat` -- ``chat``, on top of it;
+  :mod:`.pieces` -- one generation's rounds turned into text pieces (the context's lock per round).
 
 The names below are imported on first access, so that the pure modules (``sampling``,
 ``rejection``, ``stats``, ``text``) load without the compiled extension.

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
-from collections.abc import Callable, Collection, Iterator, Sequence
-from collections.abc import Generator
+from collections.abc import Callable, Collection, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import IO, Any, Literal, overload
@@ -27,22 +25,17 @@ from ..config.params import DraftParams, SamplingParams, SpeculativeParams
 from ..config.presets import resolve_preset
 from .logprobs import TOP_LOGPROBS_MAX, LogprobRecorder
 from .constraint import Grammar, TokenConstraint, as_grammar
-from .loop import token_rounds
+from .pieces import generation_pieces
 from .results import GenerationResult, TextPiece
-from .chain import sampler_for
-from .stats import GenerationStats
-from .text import TextAssembler
-from .trace import Tracer
 
 
-# The verifier's hidden-state row (``DraftParams.h_idx``): "last" reproduces the design's regression,
-# for tests only (``with h_idx_for_tests("last"): model.generate(...)``), so not a parameter of generate.
 _H_IDX: ContextVar[str] = ContextVar("mtp_bindings_h_idx", default="accepted")
 
 
 @contextmanager
 def h_idx_for_tests(h_idx: str) -> Generator[None, None, None]:
-    """Generations started in the ``with`` block use ``h_idx`` (``"accepted"`` or ``"last"``)."""
+    """Generations started in the ``with`` block use ``h_idx`` (``DraftParams.h_idx``: ``"last"``
+    reproduces the design's regression), a switch for tests, so not a parameter of ``generate``."""
     token = _H_IDX.set(h_idx)
     try:
         yield
@@ -77,100 +70,92 @@ def sampling_params(base: SamplingParams | None = None, **given: Any) -> Samplin
     return dataclasses.replace(base or SamplingParams(), **chosen)
 
 
+# generate's typed faces: stream=False gives a result, stream=True a stream of pieces, a bool either
+# (the implementation, with the documentation, follows them)
 @overload
 def generate(
-    model: LlamaModel,
-    prompt: str | Sequence[int],
-    *,
-    max_tokens: int = 128,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    repeat_penalty: float | None = None,
-    repeat_last_n: int | None = None,
-    presence_penalty: float | None = None,
-    frequency_penalty: float | None = None,
-    seed: int | None = None,
-    logit_bias: dict[int, float] | None = None,
-    typical_p: float | None = None,
-    top_n_sigma: float | None = None,
-    xtc_probability: float | None = None,
-    xtc_threshold: float | None = None,
-    dry_multiplier: float | None = None,
-    dry_base: float | None = None,
-    dry_allowed_length: int | None = None,
-    dry_penalty_last_n: int | None = None,
-    dry_sequence_breakers: Sequence[str] | None = None,
-    sampling: SamplingParams | None = None,
-    stop: str | Sequence[str] | None = None,
-    speculative: SpeculativeParams | None = None,
-    draft_n_max: int | None = None,
-    preset: str | None = None,
-    depth2: bool | None = None,
-    skip_streak: int | None = None,
-    trace: str | os.PathLike[str] | IO[str] | None = None,
-    cancel: Callable[[], bool] | None = None,
-    prompt_progress: Callable[[int, int], None] | None = None,
-    context: LlamaContext | None = None,
-    add_special: bool = TEXT_TOKENIZE["add_special"],
-    parse_special: bool = TEXT_TOKENIZE["parse_special"],
-    ignore_eos: bool = False,
-    logprobs: int | None = None,
-    cache_prompt: bool = DraftParams.cache_prompt,
-    grammar: Grammar | str | None = None,
-    json_schema: dict[str, Any] | str | None = None,
-    special_tokens: Collection[int] = (),
+    model: LlamaModel, prompt: str | Sequence[int], *, max_tokens: int = 128, temperature: float | None = None,
+    top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+    repeat_penalty: float | None = None, repeat_last_n: int | None = None, presence_penalty: float | None = None,
+    frequency_penalty: float | None = None, seed: int | None = None, logit_bias: dict[int, float] | None = None,
+    typical_p: float | None = None, top_n_sigma: float | None = None, xtc_probability: float | None = None,
+    xtc_threshold: float | None = None, dry_multiplier: float | None = None, dry_base: float | None = None,
+    dry_allowed_length: int | None = None, dry_penalty_last_n: int | None = None,
+    dry_sequence_breakers: Sequence[str] | None = None, sampling: SamplingParams | None = None,
+    stop: str | Sequence[str] | None = None, speculative: SpeculativeParams | None = None,
+    draft_n_max: int | None = None, preset: str | None = None, depth2: bool | None = None,
+    skip_streak: int | None = None, trace: str | os.PathLike[str] | IO[str] | None = None,
+    cancel: Callable[[], bool] | None = None, prompt_progress: Callable[[int, int], None] | None = None,
+    context: LlamaContext | None = None, add_special: bool = TEXT_TOKENIZE["add_special"],
+    parse_special: bool = TEXT_TOKENIZE["parse_special"], ignore_eos: bool = False, logprobs: int | None = None,
+    cache_prompt: bool = DraftParams.cache_prompt, grammar: Grammar | str | None = None,
+    json_schema: dict[str, Any] | str | None = None, special_tokens: Collection[int] = (),
     stream: Literal[False] = False,
 ) -> GenerationResult: ...
 
 
 @overload
 def generate(
-    model: LlamaModel,
-    prompt: str | Sequence[int],
-    *,
-    max_tokens: int = 128,
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    repeat_penalty: float | None = None,
-    repeat_last_n: int | None = None,
-    presence_penalty: float | None = None,
-    frequency_penalty: float | None = None,
-    seed: int | None = None,
-    logit_bias: dict[int, float] | None = None,
-    typical_p: float | None = None,
-    top_n_sigma: float | None = None,
-    xtc_probability: float | None = None,
-    xtc_threshold: float | None = None,
-    dry_multiplier: float | None = None,
-    dry_base: float | None = None,
-    dry_allowed_length: int | None = None,
-    dry_penalty_last_n: int | None = None,
-    dry_sequence_breakers: Sequence[str] | None = None,
-    sampling: SamplingParams | None = None,
-    stop: str | Sequence[str] | None = None,
-    speculative: SpeculativeParams | None = None,
-    draft_n_max: int | None = None,
-    preset: str | None = None,
-    depth2: bool | None = None,
-    skip_streak: int | None = None,
-    trace: str | os.PathLike[str] | IO[str] | None = None,
-    cancel: Callable[[], bool] | None = None,
-    prompt_progress: Callable[[int, int], None] | None = None,
-    context: LlamaContext | None = None,
-    add_special: bool = TEXT_TOKENIZE["add_special"],
-    parse_special: bool = TEXT_TOKENIZE["parse_special"],
-    ignore_eos: bool = False,
-    logprobs: int | None = None,
-    cache_prompt: bool = DraftParams.cache_prompt,
-    grammar: Grammar | str | None = None,
-    json_schema: dict[str, Any] | str | None = None,
-    special_tokens: Collection[int] = (),
-    stream: Literal[True],
+    model: LlamaModel, prompt: str | Sequence[int], *, max_tokens: int = 128, temperature: float | None = None,
+    top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+    repeat_penalty: float | None = None, repeat_last_n: int | None = None, presence_penalty: float | None = None,
+    frequency_penalty: float | None = None, seed: int | None = None, logit_bias: dict[int, float] | None = None,
+    typical_p: float | None = None, top_n_sigma: float | None = None, xtc_probability: float | None = None,
+    xtc_threshold: float | None = None, dry_multiplier: float | None = None, dry_base: float | None = None,
+    dry_allowed_length: int | None = None, dry_penalty_last_n: int | None = None,
+    dry_sequence_breakers: Sequence[str] | None = None, sampling: SamplingParams | None = None,
+    stop: str | Sequence[str] | None = None, speculative: SpeculativeParams | None = None,
+    draft_n_max: int | None = None, preset: str | None = None, depth2: bool | None = None,
+    skip_streak: int | None = None, trace: str | os.PathLike[str] | IO[str] | None = None,
+    cancel: Callable[[], bool] | None = None, prompt_progress: Callable[[int, int], None] | None = None,
+    context: LlamaContext | None = None, add_special: bool = TEXT_TOKENIZE["add_special"],
+    parse_special: bool = TEXT_TOKENIZE["parse_special"], ignore_eos: bool = False, logprobs: int | None = None,
+    cache_prompt: bool = DraftParams.cache_prompt, grammar: Grammar | str | None = None,
+    json_schema: dict[str, Any] | str | None = None, special_tokens: Collection[int] = (), stream: Literal[True],
 ) -> Iterator[TextPiece]: ...
+
+
+@overload
+def generate(
+    model: LlamaModel, prompt: str | Sequence[int], *, max_tokens: int = 128, temperature: float | None = None,
+    top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+    repeat_penalty: float | None = None, repeat_last_n: int | None = None, presence_penalty: float | None = None,
+    frequency_penalty: float | None = None, seed: int | None = None, logit_bias: dict[int, float] | None = None,
+    typical_p: float | None = None, top_n_sigma: float | None = None, xtc_probability: float | None = None,
+    xtc_threshold: float | None = None, dry_multiplier: float | None = None, dry_base: float | None = None,
+    dry_allowed_length: int | None = None, dry_penalty_last_n: int | None = None,
+    dry_sequence_breakers: Sequence[str] | None = None, sampling: SamplingParams | None = None,
+    stop: str | Sequence[str] | None = None, speculative: SpeculativeParams | None = None,
+    draft_n_max: int | None = None, preset: str | None = None, depth2: bool | None = None,
+    skip_streak: int | None = None, trace: str | os.PathLike[str] | IO[str] | None = None,
+    cancel: Callable[[], bool] | None = None, prompt_progress: Callable[[int, int], None] | None = None,
+    context: LlamaContext | None = None, add_special: bool = TEXT_TOKENIZE["add_special"],
+    parse_special: bool = TEXT_TOKENIZE["parse_special"], ignore_eos: bool = False, logprobs: int | None = None,
+    cache_prompt: bool = DraftParams.cache_prompt, grammar: Grammar | str | None = None,
+    json_schema: dict[str, Any] | str | None = None, special_tokens: Collection[int] = (),
+    stream: Literal[False] = False,
+) -> GenerationResult: ...
+
+
+@overload
+def generate(
+    model: LlamaModel, prompt: str | Sequence[int], *, max_tokens: int = 128, temperature: float | None = None,
+    top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+    repeat_penalty: float | None = None, repeat_last_n: int | None = None, presence_penalty: float | None = None,
+    frequency_penalty: float | None = None, seed: int | None = None, logit_bias: dict[int, float] | None = None,
+    typical_p: float | None = None, top_n_sigma: float | None = None, xtc_probability: float | None = None,
+    xtc_threshold: float | None = None, dry_multiplier: float | None = None, dry_base: float | None = None,
+    dry_allowed_length: int | None = None, dry_penalty_last_n: int | None = None,
+    dry_sequence_breakers: Sequence[str] | None = None, sampling: SamplingParams | None = None,
+    stop: str | Sequence[str] | None = None, speculative: SpeculativeParams | None = None,
+    draft_n_max: int | None = None, preset: str | None = None, depth2: bool | None = None,
+    skip_streak: int | None = None, trace: str | os.PathLike[str] | IO[str] | None = None,
+    cancel: Callable[[], bool] | None = None, prompt_progress: Callable[[int, int], None] | None = None,
+    context: LlamaContext | None = None, add_special: bool = TEXT_TOKENIZE["add_special"],
+    parse_special: bool = TEXT_TOKENIZE["parse_special"], ignore_eos: bool = False, logprobs: int | None = None,
+    cache_prompt: bool = DraftParams.cache_prompt, grammar: Grammar | str | None = None,
+    json_schema: dict[str, Any] | str | None = None, special_tokens: Collection[int] = (), stream: bool,
+) -> GenerationResult | Iterator[TextPiece]: ...
 
 
 def generate(
@@ -323,9 +308,10 @@ def generate(
     sp = sp.resolved(n_ctx)
     if max_tokens == UNTIL_FULL:
         max_tokens = n_ctx - len(tokens)
-    it = _pieces(model, context, tokens, sp, max_tokens, stops, opts, env_trace() if trace is None else trace, cancel,
-                 prompt_progress, None if logprobs is None else LogprobRecorder(logprobs, model.token_to_piece),
-                 None if compiled is None else TokenConstraint(model, compiled), special_tokens, stream)
+    it = generation_pieces(model, context, tokens, sp, max_tokens, stops, opts,
+                           env_trace() if trace is None else trace, cancel, prompt_progress,
+                           None if logprobs is None else LogprobRecorder(logprobs, model.token_to_piece),
+                           None if compiled is None else TokenConstraint(model, compiled), special_tokens, stream)
     if stream:
         return it
     pieces = list(it)
@@ -334,68 +320,3 @@ def generate(
     return GenerationResult(text="".join(pieces), tokens=[t for p in pieces for t in p.tokens],
                             stats=last.stats, finish_reason=last.finish_reason,
                             logprobs=None if logprobs is None else [lp for p in pieces for lp in p.logprobs or []])
-
-
-def _pieces(model: LlamaModel, context: LlamaContext | None, prompt: list[int], sp: SamplingParams, max_tokens: int,
-            stops: list[str], opts: DraftParams, trace: Any, cancel: Callable[[], bool] | None,
-            prompt_progress: Callable[[int, int], None] | None = None,
-            recorder: LogprobRecorder | None = None,
-            constraint: TokenConstraint | None = None, special_tokens: Collection[int] = (),
-            stream: bool = True) -> Iterator[TextPiece]:
-    stats = GenerationStats(n_prompt=len(prompt))
-    tracer = Tracer.open(trace)
-    text = TextAssembler(model, stops, special_tokens)
-    finish = "length"
-    stopped_in_prompt = False
-
-    def on_prompt(done: int, total: int) -> bool:
-        nonlocal stopped_in_prompt
-        if prompt_progress is not None:
-            prompt_progress(done, total)
-        stopped_in_prompt = cancel is not None and bool(cancel())
-        return not stopped_in_prompt
-
-    watch = on_prompt if prompt_progress is not None or cancel is not None else None
-    t0 = time.perf_counter()
-    # the generation owns its context from here to its end (a suspended stream included): a fresh or
-    # idle one of the model's pool, or the caller's, refused with ContextBusyError if another owns it
-    lease = model.generation_context() if context is None else context.generation_claim(stream)
-    with lease as leased, sampler_for(sp, model.n_vocab, model.vocab) as sampler:
-        ctx = leased if context is None else context
-        rounds = token_rounds(ctx, prompt, sampler, max_tokens, opts, stats, tracer,
-                              prompt_progress=watch, logprobs=recorder,
-                              constraint=constraint) if max_tokens > 0 else iter(())
-        try:
-            while True:
-                # the context's lock for one round, not across the yield: a caller suspending the
-                # stream must not keep others' plain calls on this context waiting
-                with ctx.generation_round():
-                    toks = next(rounds, None)
-                if toks is None:
-                    if stopped_in_prompt:
-                        finish = "cancelled"
-                    elif stats.hit_eog:
-                        finish = "stop"
-                    break
-                piece = text.feed(toks)
-                lps = None if recorder is None else recorder.take(len(toks))
-                if text.stopped:
-                    finish = "stop"
-                    yield TextPiece(piece, toks, logprobs=lps)
-                    break
-                if cancel is not None and cancel():
-                    finish = "cancelled"
-                    yield TextPiece(piece, toks, logprobs=lps)
-                    break
-                if piece or toks:
-                    yield TextPiece(piece, toks, logprobs=lps)
-        except GeneratorExit:
-            finish = "cancelled"
-            raise
-        finally:
-            if hasattr(rounds, "close"):
-                with ctx.generation_round():
-                    rounds.close()
-            tracer.close()
-            stats.t_total = time.perf_counter() - t0
-    yield TextPiece(text.flush(), [], stats, finish, logprobs=None if recorder is None else [])
