@@ -85,29 +85,6 @@ def chat(
     context: LlamaContext | None = None, add_special: bool = CHAT_TOKENIZE["add_special"],
     parse_special: bool = CHAT_TOKENIZE["parse_special"], ignore_eos: bool = False, logprobs: int | None = None,
     cache_prompt: bool = DraftParams.cache_prompt, grammar: Grammar | str | None = None,
-    json_schema: dict[str, Any] | str | None = None, special_tokens: Collection[int] | None = None,
-    stream: Literal[False] = False,
-) -> GenerationResult: ...
-
-
-@overload
-def chat(
-    model: LlamaModel, messages: Sequence[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
-    chat_template: str | None = None, chat_template_kwargs: dict[str, Any] | None = None, max_tokens: int = 128,
-    temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-    min_p: float | None = None, repeat_penalty: float | None = None, repeat_last_n: int | None = None,
-    presence_penalty: float | None = None, frequency_penalty: float | None = None, seed: int | None = None,
-    logit_bias: dict[int, float] | None = None, typical_p: float | None = None, top_n_sigma: float | None = None,
-    xtc_probability: float | None = None, xtc_threshold: float | None = None, dry_multiplier: float | None = None,
-    dry_base: float | None = None, dry_allowed_length: int | None = None, dry_penalty_last_n: int | None = None,
-    dry_sequence_breakers: Sequence[str] | None = None, sampling: SamplingParams | None = None,
-    stop: str | Sequence[str] | None = None, speculative: SpeculativeParams | None = None,
-    draft_n_max: int | None = None, preset: str | None = None, depth2: bool | None = None,
-    skip_streak: int | None = None, trace: str | os.PathLike[str] | IO[str] | None = None,
-    cancel: Callable[[], bool] | None = None, prompt_progress: Callable[[int, int], None] | None = None,
-    context: LlamaContext | None = None, add_special: bool = CHAT_TOKENIZE["add_special"],
-    parse_special: bool = CHAT_TOKENIZE["parse_special"], ignore_eos: bool = False, logprobs: int | None = None,
-    cache_prompt: bool = DraftParams.cache_prompt, grammar: Grammar | str | None = None,
     json_schema: dict[str, Any] | str | None = None, special_tokens: Collection[int] | None = None, stream: bool,
 ) -> GenerationResult | Iterator[TextPiece]: ...
 
