@@ -62,7 +62,7 @@ def pair_files(name: str) -> tuple[str, str]:
     if name == "tiny":
         from mtp_bindings.models import ASSISTANT, TARGET
         return str(TARGET), str(ASSISTANT)
-    from mtp_bindings.scale_pair import ScaleConfig, scale_pair
+    from mtp_bindings.scale_pair.build import ScaleConfig, scale_pair
     pair = scale_pair(ScaleConfig(), types=("q4_K",), progress=False)
     return str(pair.target["q4_K"]), str(pair.centroid["q4_K"])
 

@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from mtp_bindings.benchmark.models import FTYPES, TARGET_SEED, Dims, quantize, write_f16_target
-from mtp_bindings.threads import OPENMP_SPIN_COUNT
+from mtp_bindings.config.threads import OPENMP_SPIN_COUNT
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"

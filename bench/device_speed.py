@@ -37,7 +37,7 @@ def _pair(name: str) -> tuple[Path, Path]:
         from mtp_bindings.models import ASSISTANT, TARGET
 
         return TARGET, ASSISTANT
-    from mtp_bindings.scale_pair import ScaleConfig, scale_pair
+    from mtp_bindings.scale_pair.build import ScaleConfig, scale_pair
 
     # the files `mtp-bindings bench` uses (built on first use, minutes, then cached): the q4_K target and its
     # centroid-head assistant, as the bench's own E2B cells run them

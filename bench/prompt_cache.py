@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mtp_bindings import Model
-from mtp_bindings.scale_pair import scale_pair
+from mtp_bindings.scale_pair.build import scale_pair
 
 BUNDLED = Path(__file__).resolve().parent.parent / "mtp_bindings" / "models"
 RESULTS = Path(__file__).resolve().parent / "results" / "prompt_cache.md"

@@ -43,7 +43,7 @@ def pair_paths(name: str, head: str) -> tuple[Path, Path]:
     once and cached, with the ``head`` assistant: ``centroid`` or ``dense``)."""
     if name == "trained":
         return BUNDLED / "trained-target.gguf", BUNDLED / "trained-assistant.gguf"
-    from mtp_bindings.scale_pair import scale_pair
+    from mtp_bindings.scale_pair.build import scale_pair
 
     pair = scale_pair(types=("q4_K",), progress=False)
     return pair.target["q4_K"], (pair.centroid if head == "centroid" else pair.dense)["q4_K"]

@@ -1,7 +1,7 @@
 """The public ``Model``: a loaded target with its optional MTP assistant, contexts that can draft,
 and the convenience entry points ``generate`` and ``chat``.
 
-Why a subclass in its own module: the model of the lower layer (:class:`~.model.LlamaModel`)
+Why a subclass in its own module: the model of the lower layer (:class:`~.llama_model.LlamaModel`)
 must not know drafting or generation, yet ``mtp_bindings.Model(...).generate(...)`` is the API
 users, the README and the examples rely on. This module sits above :mod:`.generation` and adds
 what needs the upper layers -- as argon2-cffi's ``PasswordHasher`` sits over its ``low_level`` --
@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .embeddings import EmbedInput, embed
 from .hub import resolve
-from .generation.driver import chat, generate
-from .generation.results import GenerationResult, TextPiece
+from .generation.chat import chat
+from .generation.driver import generate
 from .generation.state import StateIO, load_state, save_state
-from .model import LlamaModel, check_gguf_file
-from .context import Context
+from .llama_model import LlamaModel, check_gguf_file
+from .llama_context import LlamaContext
 from .mtp import MTPContext, attach_assistant
-from .params import EMBED_N_CTX, EMBED_POOLING
+from .config.params import EMBED_N_CTX, EMBED_POOLING
 
 logger = logging.getLogger("mtp_bindings")
 
@@ -45,7 +45,7 @@ class Model(LlamaModel):
     ``progress``, ``verbose``, and the context settings ``n_ctx``, ``n_threads``, ``n_threads_batch``,
     ``n_batch``, ``n_ubatch``, ``type_k``, ``type_v``, ``flash_attn``, ... as llama-cpp-python's
     ``Llama(...)`` takes them: the defaults of the contexts ``generate`` / ``chat`` and
-    :meth:`create_context` make) are :class:`~mtp_bindings.model.LlamaModel`'s; any other keyword is a
+    :meth:`create_context` make) are :class:`~mtp_bindings.llama_model.LlamaModel`'s; any other keyword is a
     TypeError naming ``Model``. An MTP assistant file given as ``path`` is refused
     (:class:`~mtp_bindings.exceptions.NotATargetModelError`). With ``rpc_servers``
     (other machines' ``rpc-server`` workers, llama.cpp's ``--rpc``) ``n_gpu_layers`` splits the layers
@@ -77,7 +77,7 @@ class Model(LlamaModel):
 
     def create_context(self, *args: Any, **kwargs: Any) -> MTPContext:
         """A new :class:`~mtp_bindings.mtp.MTPContext` on this model (keyword arguments are
-        :class:`~mtp_bindings.params.ContextParams` fields)."""
+        :class:`~mtp_bindings.config.params.ContextParams` fields)."""
         ctx = super().create_context(*args, **kwargs)
         assert isinstance(ctx, MTPContext)
         return ctx
@@ -95,15 +95,10 @@ class Model(LlamaModel):
         self.assistant_path = p
         logger.info("attached assistant %s to %s", p, self.path.name)
 
-    def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> GenerationResult | Iterator[TextPiece]:
-        """Generate text; see :func:`mtp_bindings.generation.driver.generate` for the arguments."""
-        return generate(self, prompt, **kwargs)
-
-    def chat(self, messages: Sequence[dict[str, Any]], **kwargs: Any) -> GenerationResult | Iterator[TextPiece]:
-        """Apply the GGUF's chat template to ``messages`` and generate the reply; ``tools``,
-        ``chat_template`` and ``chat_template_kwargs`` as :func:`mtp_bindings.generation.driver.chat`
-        takes them (the result's ``message`` holds content, reasoning_content and tool_calls)."""
-        return chat(self, messages, **kwargs)
+    # generate(prompt, *, ...) and chat(messages, *, ...): the functions themselves, so that help()
+    # and type checkers see every keyword argument and the stream= overloads, written once
+    generate = generate
+    chat = chat
 
     def embed(self, input: EmbedInput, *, pooling: str = EMBED_POOLING, normalize: bool | int = True,  # noqa: A002
               n_ctx: int = EMBED_N_CTX) -> Any:
@@ -115,13 +110,13 @@ class Model(LlamaModel):
         (unpooled: a list of arrays)."""
         return embed(self, input, pooling=pooling, normalize=normalize, n_ctx=n_ctx)
 
-    def save_state(self, path: str | os.PathLike[str], *, context: Context | None = None, seq_id: int = 0) -> StateIO:
+    def save_state(self, path: str | os.PathLike[str], *, context: LlamaContext | None = None, seq_id: int = 0) -> StateIO:
         """Save a context's sequence (default: the one ``generate`` uses) -- its KV and the tokens of
         its last generation -- to ``path``, any drafting request in flight drained first (see
         :mod:`mtp_bindings.generation.state`)."""
         return save_state(context or self.generation_context(), path, seq_id=seq_id)
 
-    def load_state(self, path: str | os.PathLike[str], *, context: Context | None = None, seq_id: int = 0) -> StateIO:
+    def load_state(self, path: str | os.PathLike[str], *, context: LlamaContext | None = None, seq_id: int = 0) -> StateIO:
         """Restore a sequence saved by :meth:`save_state` into ``context`` (default: the one
         ``generate`` uses): a ``generate`` whose prompt starts with the saved tokens then goes on
         as if never interrupted, decoding only what follows them."""

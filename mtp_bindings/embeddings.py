@@ -7,7 +7,7 @@ One job: turn texts (or token lists) into numpy vectors through a context of the
 prompt cache), and a pooled context outputs no per-token logits a generation could sample from.
 
 Why one input per decode: llama.cpp pools over a physical batch, so a pooled input must fit in one
-(``n_ctx = n_batch = n_ubatch``, :data:`~mtp_bindings.params.EMBED_N_CTX` by default, llama-server's
+(``n_ctx = n_batch = n_ubatch``, :data:`~mtp_bindings.config.params.EMBED_N_CTX` by default, llama-server's
 bound too), and a list is embedded one input after the other with the KV cleared in between. Each
 result is therefore bit for bit the one the same input gets alone (``tests/test_embeddings.py``).
 """
@@ -21,10 +21,10 @@ from typing import Any, Union
 
 import numpy as np
 
-from ._native import ffi, lib
-from .context import Context
+from .native._native import ffi, lib
+from .llama_context import LlamaContext
 from .exceptions import ContextOverflowError, DecodeError, InvalidParameterError, TokenizeError
-from .params import EMBD_NORMALIZE, EMBED_N_CTX, EMBED_POOLING, POOLING_TYPES
+from .config.params import EMBD_NORMALIZE, EMBED_N_CTX, EMBED_POOLING, POOLING_TYPES
 
 # what embed takes: a text, a token list, or a list of either
 EmbedInput = Union[str, Sequence[int], Sequence[Union[str, Sequence[int]]]]
@@ -96,7 +96,7 @@ def _is_token(t: Any) -> bool:
 
 class Embedder:
     """A context of its own that embeds one input at a time with ``pooling`` (a
-    :data:`~mtp_bindings.params.POOLING_TYPES` key); inputs of at most ``n_ctx`` tokens."""
+    :data:`~mtp_bindings.config.params.POOLING_TYPES` key); inputs of at most ``n_ctx`` tokens."""
 
     def __init__(self, model: Any, pooling: str = EMBED_POOLING, n_ctx: int = EMBED_N_CTX,
                  n_threads: int | None = None) -> None:
@@ -106,7 +106,7 @@ class Embedder:
             raise InvalidParameterError(f"n_ctx must be a positive int, got {n_ctx!r}")
         self.model = model
         self.pooling = pooling
-        self.context: Context = model.create_context(n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, embeddings=True,
+        self.context: LlamaContext = model.create_context(n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, embeddings=True,
                                                      pooling=pooling, n_threads=n_threads)
         # llama.cpp pads n_ctx; the bound is one physical batch (a longer input would be pooled per chunk)
         self.n_ctx = min(self.context.n_ctx, self.context.n_batch, int(lib.llama_n_ubatch(self.context.ptr)))

@@ -1,4 +1,5 @@
-"""The expert layer ("hazmat"): the raw cffi ``ffi`` and ``lib`` of the patched ``llama.h``.
+"""The raw C API ("hazmat", the one door past every check): the cffi ``ffi`` and ``lib`` of the
+patched ``llama.h``.
 
 Everything in ``lib`` is the C API exactly as ``llama.h`` declares it — including our MTP additions
 (``llama_model_load_mtp_from_file``, ``llama_decode_mtp_async`` / ``_wait`` / ``llama_decode_mtp``).
@@ -14,8 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._backends import LIB_DIR
-from ._native import cpu_variant, ensure_initialised, ffi, lib
+from .native._backends import LIB_DIR
+from .native._native import cpu_variant, ensure_initialised, ffi, lib
 
 _CDEF_FILE = Path(__file__).parent / "include" / "_ffi_cdef.h"
 

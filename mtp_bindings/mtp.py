@@ -1,11 +1,12 @@
 """The MTP draft API: attach an assistant to a target model, and draft tokens on a context with
 ``llama_decode_mtp_async`` / ``_wait`` (or the synchronous ``llama_decode_mtp``).
 
-This is the expert layer under the generation loop (:mod:`mtp_bindings.generation`): it checks
+The MTP layer, under the generation loop (:mod:`mtp_bindings.generation`) and over the core
+:class:`~mtp_bindings.llama_context.LlamaContext`: it checks
 arguments, owns the host buffers, enforces the one-request-in-flight contract on the Python side
 and turns the C return codes into exceptions. An :class:`MTPSession` holds one context's drafting
-state; it subscribes to the context's KV-edit and close events (:meth:`Context.on_kv_edit`,
-:meth:`Context.on_close`) to drain its request in flight, so :class:`~mtp_bindings.context.Context`
+state; it subscribes to the context's KV-edit and close events (:meth:`LlamaContext.on_kv_edit`,
+:meth:`LlamaContext.on_close`) to drain its request in flight, so :class:`~mtp_bindings.llama_context.LlamaContext`
 itself knows nothing of drafting. :class:`MTPContext` is a context with the drafting methods; the
 public :class:`mtp_bindings.Model` creates those. Use it when you write your own speculative loop::
 
@@ -24,15 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from . import _native
-from ._native import ffi, lib
-from .context import Context
-from .devices import placement_array
+from .native import _native
+from .native._native import ffi, lib
+from .llama_context import LlamaContext
+from .native.devices import placement_array
 from .exceptions import AssistantLoadError, InvalidParameterError, MTPBusyError, MTPError, NoAssistantError
-from .model import LlamaModel
-from .mtp_status import MTP_ERR_BUSY, MTP_ERR_NO_ASSISTANT, status_text
-from .params import DRAFT_N_MAX, THREADS_MAX, valid_thread_count
-from .threadpool import ThreadPool
+from .llama_model import LlamaModel
+from .native.mtp_status import MTP_ERR_BUSY, MTP_ERR_NO_ASSISTANT, status_text
+from .config.params import DRAFT_N_MAX, THREADS_MAX, valid_thread_count
+from .native.threadpool import ThreadPool
 
 MTP_N_STEPS_MAX = DRAFT_N_MAX  # LLAMA_MTP_MAX_STEPS
 
@@ -58,7 +59,7 @@ def attach_assistant(model: LlamaModel, path: Any, n_gpu_layers: int | None = No
         _native.raise_native(AssistantLoadError, f"cannot attach assistant {path}: {status_text(rc)}", rc)
 
 
-def graph_stats(ctx: Context) -> dict[str, int]:
+def graph_stats(ctx: LlamaContext) -> dict[str, int]:
     """The context's MTP counters: requests, steps, graph builds and reuses, the threads the last
     request's drafting graph computed with, the backend splits of the current drafting graph
     (1: one backend, e.g. the GPU or RPC worker holding every layer, computes a whole draft step), and the
@@ -71,7 +72,7 @@ def graph_stats(ctx: Context) -> dict[str, int]:
             "n_transfer_bytes": st.n_transfer_bytes, "n_syncs": st.n_syncs}
 
 
-def set_worker_threads(ctx: Context, n_threads: int | None) -> None:
+def set_worker_threads(ctx: LlamaContext, n_threads: int | None) -> None:
     """Threads of ``ctx``'s asynchronous drafting requests: a count, or None for the automatic one
     (the CPUs the context's threads leave free, 1 where fewer than 2 are). Synchronous drafting
     always computes with the context's threads."""
@@ -114,7 +115,7 @@ class MTPHandle:
 class MTPSession:
     """One context's drafting: the host buffers and the request in flight (at most one)."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: LlamaContext) -> None:
         model = ctx.model
         if not model.has_assistant:  # type: ignore[attr-defined]
             raise NoAssistantError("no MTP assistant is attached to this model: use Model(..., assistant=PATH)"
@@ -233,7 +234,7 @@ class MTPSession:
 SESSION_KEY = "mtp"  # the session's key among the context's extensions
 
 
-def session_of(ctx: Context) -> MTPSession:
+def session_of(ctx: LlamaContext) -> MTPSession:
     """The context's MTP session, created on first use (:class:`NoAssistantError` without an
     assistant)."""
     session = ctx.extension(SESSION_KEY, MTPSession)
@@ -241,13 +242,13 @@ def session_of(ctx: Context) -> MTPSession:
     return session
 
 
-def current_session(ctx: Context) -> MTPSession | None:
+def current_session(ctx: LlamaContext) -> MTPSession | None:
     """The context's MTP session if drafting was ever used on it, else None (no side effects)."""
     return ctx.extension(SESSION_KEY)
 
 
-class MTPContext(Context):
-    """A :class:`~mtp_bindings.context.Context` that can also draft with the model's MTP assistant."""
+class MTPContext(LlamaContext):
+    """A :class:`~mtp_bindings.llama_context.LlamaContext` that can also draft with the model's MTP assistant."""
 
     def decode_mtp_async(self, *, seq_id: int = 0, attn_pos: int, last_token: int, h_prev: np.ndarray,
                          n_steps: int) -> MTPHandle:

@@ -15,7 +15,7 @@ def compile_ggml_program(source: Path, out_dir: Path) -> Path:
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler")
-    from mtp_bindings import _backends
+    from mtp_bindings.native import _backends
     from mtp_bindings.low_level import include_dir, library_dir
 
     # a native build links one libggml-cpu.so; a portable one has a module per x86-64 level: link

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mtp_bindings import Model
-from mtp_bindings.presets import resolve_preset
+from mtp_bindings.config.presets import resolve_preset
 
 PROMPT = "def parse_args(argv):\n"
 

@@ -1,4 +1,4 @@
-"""The backend-loading rule (:mod:`mtp_bindings._backends`) on fake lib directories: which modules a
+"""The backend-loading rule (:mod:`mtp_bindings.native._backends`) on fake lib directories: which modules a
 native and a portable build load, and the typed errors of ``MTP_BINDINGS_CPU_VARIANT``.
 
 Pure: no compiled code. A fake ``lib`` records the ggml calls; scores are monkeypatched (the real
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mtp_bindings import _backends
-from mtp_bindings.env import env_cpu_variant
+from mtp_bindings.native import _backends
+from mtp_bindings.config.env import env_cpu_variant
 from mtp_bindings.exceptions import CPUVariantError, InvalidParameterError
 
 NULL = object()

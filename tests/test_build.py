@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import mtp_bindings
-from mtp_bindings import _backends, low_level
+from mtp_bindings.native import _backends
+from mtp_bindings import low_level
 
 PKG = Path(mtp_bindings.__file__).parent
 

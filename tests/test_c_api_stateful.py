@@ -33,7 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from fixture_paths import BUNDLED
 from mtp_bindings.low_level import ensure_initialised, ffi, lib
-from mtp_bindings.threadpool import ThreadPool
+from mtp_bindings.native.threadpool import ThreadPool
 
 TARGET = BUNDLED / "trained-target.gguf"
 ASSISTANT = BUNDLED / "trained-assistant.gguf"

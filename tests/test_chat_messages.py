@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mtp_bindings import InvalidParameterError, Model, TextOnlyError
-from mtp_bindings.chat_template import ChatOptions, declares_tools, render_chat
+from mtp_bindings.chat.template import ChatOptions, declares_tools, render_chat
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
                                             "parameters": {"type": "object", "properties": {

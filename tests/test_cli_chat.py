@@ -98,7 +98,7 @@ def test_chat_help_lists_the_commands():
 # --- presets ------------------------------------------------------------------------------------
 
 def test_help_says_what_each_preset_does_and_that_the_text_never_changes():
-    from mtp_bindings.presets import PRESETS
+    from mtp_bindings.config.presets import PRESETS
 
     text = " ".join(run("generate", "--help").stdout.split())
     assert "MTP is lossless, so a preset changes the speed only, never the text" in text
@@ -108,13 +108,13 @@ def test_help_says_what_each_preset_does_and_that_the_text_never_changes():
 
 @pytest.mark.parametrize("word", ["better", "higher quality", "more accurate"])
 def test_no_preset_promises_better_text(word):
-    from mtp_bindings.presets import PRESETS
+    from mtp_bindings.config.presets import PRESETS
 
     assert not [p.name for p in PRESETS.values() if word in p.summary().lower()]
 
 
 def test_a_preset_says_its_own_draft_count():
-    from mtp_bindings.presets import PRESETS
+    from mtp_bindings.config.presets import PRESETS
 
     for p in PRESETS.values():
         assert f"{p.draft_n_max} token" in p.summary() and p.description

@@ -138,7 +138,7 @@ def test_a_batch_smaller_than_an_mtp_round_is_refused():
 
 def test_a_builtin_template_name_renders_llama_cpps_format():
     from mtp_bindings import Model
-    from mtp_bindings.chat_template import ChatOptions, chat_prompt
+    from mtp_bindings.chat.template import ChatOptions, chat_prompt
 
     with Model(models.TARGET) as m:
         p = chat_prompt(m, [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}],
@@ -184,7 +184,7 @@ def test_an_unknown_template_name_lists_the_builtin_ones():
 
 def test_a_builtin_template_refuses_tools_rather_than_dropping_them():
     from mtp_bindings import InvalidParameterError, Model
-    from mtp_bindings.chat_template import ChatOptions, chat_prompt
+    from mtp_bindings.chat.template import ChatOptions, chat_prompt
 
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     with Model(models.TARGET) as m, pytest.raises(InvalidParameterError, match="'chatml' has no tool calls"):
@@ -268,7 +268,7 @@ def test_llama_cpps_sampler_flags_reach_the_library_with_their_values():
 
 def test_the_sampler_flags_default_to_the_librarys_values():
     from mtp_bindings.cli.args import SAMPLING_FLAGS, dry_sequence_breakers
-    from mtp_bindings.params import SAMPLING_DEFAULTS
+    from mtp_bindings.config.params import SAMPLING_DEFAULTS
 
     args = parse("chat")
     for flag, name, _, _ in SAMPLING_FLAGS:

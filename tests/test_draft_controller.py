@@ -17,7 +17,7 @@ import pytest
 
 from mtp_bindings.generation.controller import (ACCEPT_PRIOR, PROBE_MAX, Acceptance, AutoCount, CostModel, FixedCount, RoundCost,
                                                 make_draft_count)
-from mtp_bindings.presets import PRESETS
+from mtp_bindings.config.presets import PRESETS
 
 K_MAX = PRESETS["auto"].draft_n_max
 
@@ -258,7 +258,7 @@ def test_fixed_counts_and_plain_decoding_never_vary():
 
 
 def test_auto_is_the_default_preset_and_stays_inside_the_batch_invariant_rows():
-    from mtp_bindings.presets import DEFAULT_PRESET, resolve_preset
+    from mtp_bindings.config.presets import DEFAULT_PRESET, resolve_preset
 
     assert DEFAULT_PRESET == "auto" and resolve_preset(None).auto
     assert resolve_preset(None).draft_n_max + 1 <= 8

@@ -126,7 +126,7 @@ def test_a_closed_model_refuses_embed(trained_paths):
 
 
 def test_a_context_refuses_an_unknown_pooling_type():
-    from mtp_bindings.params import ContextParams
+    from mtp_bindings.config.params import ContextParams
 
     with pytest.raises(InvalidParameterError, match="pooling"):
         ContextParams(pooling="max").validate()

@@ -254,7 +254,7 @@ def test_every_unsupported_flag_is_refused_by_every_command_that_lacks_it():
 
 def test_flag_defaults_are_the_librarys():
     from mtp_bindings.cli import build_parser
-    from mtp_bindings.params import SAMPLING_DEFAULTS, ContextParams
+    from mtp_bindings.config.params import SAMPLING_DEFAULTS, ContextParams
 
     args = build_parser().parse_args(["generate", "-p", "x"])
     flags = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
@@ -306,7 +306,7 @@ def test_version_and_python_m():
 
 def test_list_devices_prints_the_devices_dev_takes_and_exits():
     """llama.cpp's --list-devices: its heading, then a line per device named as -dev takes it."""
-    from mtp_bindings.devices import list_devices
+    from mtp_bindings.native.devices import list_devices
 
     out = run("--list-devices")
     assert out.returncode == 0, out.stderr

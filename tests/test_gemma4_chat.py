@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from mtp_bindings.chat_reply import ReplyStream, ValueSyntaxError, gemma_value, parse_call, parse_reply, reply_prefix
+from mtp_bindings.chat.reply import ReplyStream, ValueSyntaxError, gemma_value, parse_call, parse_reply, reply_prefix
 from mtp_bindings.exceptions import InvalidParameterError
-from mtp_bindings.gemma4_template import GEMMA4_TEMPLATE
-from mtp_bindings.template_env import template_environment
+from mtp_bindings.chat.gemma4_template import GEMMA4_TEMPLATE
+from mtp_bindings.chat.template_env import template_environment
 
 UPSTREAM = Path(__file__).resolve().parent.parent / "vendor" / "llama.cpp" / "models" / "templates" / \
     "google-gemma-4-31B-it.jinja"
@@ -153,7 +153,7 @@ class _StubModel:
 
 
 def test_render_chat_passes_tools_and_template_kwargs() -> None:
-    from mtp_bindings.chat_template import ChatOptions, chat_prompt, render_chat
+    from mtp_bindings.chat.template import ChatOptions, chat_prompt, render_chat
 
     model: Any = _StubModel()
     assert render_chat(model, [ASK]).endswith("<|turn>model\n<|channel>thought\n<channel|>")  # the fallback
@@ -272,7 +272,7 @@ class _MarkerVocab:
     they render as nothing unless asked for with ``special=True``."""
 
     def __init__(self) -> None:
-        from mtp_bindings.chat_reply import MARKERS
+        from mtp_bindings.chat.reply import MARKERS
 
         self.ids = {m: 1000 + i for i, m in enumerate(MARKERS)}
         self.text = {i: m for m, i in self.ids.items()}
@@ -287,7 +287,7 @@ class _MarkerVocab:
 
 
 def test_control_token_markers_are_kept_as_text_for_the_parser() -> None:
-    from mtp_bindings.chat_template import reply_markers
+    from mtp_bindings.chat.template import reply_markers
     from mtp_bindings.generation.text import TextAssembler
 
     vocab: Any = _MarkerVocab()

@@ -103,7 +103,7 @@ def test_seeded_sampling_is_reproducible(dense_model):
 
 
 def test_chat_renders_the_gguf_template(dense_model):
-    from mtp_bindings.chat_template import render_chat
+    from mtp_bindings.chat.template import render_chat
 
     text = render_chat(dense_model, [{"role": "user", "content": "hi"}])
     assert "<start_of_turn>user\nhi<end_of_turn>" in text and text.endswith("<start_of_turn>model\n")

@@ -18,22 +18,26 @@ ROOT = "mtp_bindings"
 # Lowest first. A module may import modules of its own layer or of lower layers, never higher.
 # A name matches a module and everything under it (``mtp_bindings.server`` covers the package).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("pure", ("exceptions", "limits", "params", "presets", "threads", "env", "models", "chat_reply", "template_env",
-              "gemma4_template", "turns", "hub", "_lazy")),
-    ("native", ("_ffi", "_native", "_backends", "low_level", "_handle", "_model_file", "devices", "mtp_status",
-                "threadpool", "builtin_templates")),
-    ("core", ("context", "model", "embeddings")),
-    ("mtp", ("mtp", "chat_template")),
+    ("pure", ("exceptions", "config", "models", "chat", "chat.reply", "chat.template_env", "chat.gemma4_template",
+              "turns", "hub", "_lazy")),
+    ("native", ("_ffi", "native", "low_level", "chat.builtin_templates")),
+    ("core", ("llama_context", "llama_model", "embeddings")),
+    ("mtp", ("mtp", "chat.template")),
     ("generation", ("generation",)),
     ("api", ("api",)),
-    ("apps", ("", "__main__", "server", "cli", "cli_flags", "cli_interrupt", "benchmark", "scale_pair",
-              "_scale_check", "_scale_gguf", "_scale_tensors", "gguf_tools", "convert")),
+    ("apps", ("", "__main__", "server", "cli", "benchmark", "scale_pair", "gguffile")),
 ]
 
+# Subpackages whose ``__init__`` must stay a docstring: their modules sit in different layers (or
+# must import without native code), and a package's ``__init__`` runs before any of its modules.
+EMPTY_PACKAGES = ("native", "chat", "config", "gguffile", "scale_pair")
+
 # Modules that must import without the compiled extension (the fast test tier).
-PURE_MODULES = ("params", "limits", "presets", "env", "exceptions", "chat_reply", "template_env", "gemma4_template",
-                "turns", "hub", "_lazy",
-                "_backends",
+PURE_MODULES = ("config", "config.params", "config.limits", "config.presets", "config.env", "config.threads",
+                "exceptions", "chat", "chat.reply", "chat.template_env", "chat.gemma4_template", "turns",
+                "hub", "_lazy",
+                "native", "native._backends",
+                "gguffile", "gguffile.tools",
                 "generation.sampling", "generation.agreement",
                 "generation.rejection", "generation.stats", "generation.results", "generation.text",
                 "generation.trace")
@@ -123,7 +127,19 @@ def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_sees_function_level_and_type_checking_imports():
     g = graph()
     assert f"{ROOT}.generation.driver" in g[f"{ROOT}.api"]
-    assert f"{ROOT}._native" in g[f"{ROOT}.context"]
+    assert f"{ROOT}.native._native" in g[f"{ROOT}.llama_context"]
+
+
+def test_layered_subpackages_import_nothing():
+    for name in EMPTY_PACKAGES:
+        tree = ast.parse((PACKAGE / name / "__init__.py").read_text())
+        body = [n for n in tree.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+        assert not body, f"mtp_bindings/{name}/__init__.py: keep it a docstring (its modules are in several layers)"
+
+
+def test_the_package_root_holds_at_most_a_dozen_modules():
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= 12, f"{len(root)} modules at the root: {root}; move some into a subpackage"
 
 
 def test_every_module_has_a_declared_layer():
@@ -150,7 +166,7 @@ def test_pure_modules_import_without_the_compiled_extension():
     names = [f"{ROOT}.{m}" for m in PURE_MODULES if f"{ROOT}.{m}" in modules()]
     code = ("import sys; sys.modules['mtp_bindings._ffi'] = None\n"  # any import of it now fails
             f"import importlib\nfor n in {names!r}: importlib.import_module(n)\n"
-            "assert 'mtp_bindings._native' not in sys.modules\n")
+            "assert 'mtp_bindings.native._native' not in sys.modules\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent,
                        timeout=120)
     assert r.returncode == 0, r.stderr

@@ -7,8 +7,8 @@ import pytest
 
 from fixture_paths import PAIRS, fixture_path
 from mtp_bindings import Model
-from mtp_bindings.context import Context
-from mtp_bindings.model import LlamaModel, negative_needs, read_grown, snprintf_needs
+from mtp_bindings.llama_context import LlamaContext
+from mtp_bindings.llama_model import LlamaModel, negative_needs, read_grown, snprintf_needs
 from mtp_bindings.mtp import MTPContext, current_session
 
 
@@ -56,13 +56,13 @@ def test_the_public_model_makes_mtp_contexts_and_the_lower_one_plain_contexts(pa
     with pair.create_context(n_ctx=64) as ctx:
         assert isinstance(ctx, MTPContext)
     with LlamaModel(pair.path) as low, low.create_context(n_ctx=64) as ctx:
-        assert type(ctx) is Context
+        assert type(ctx) is LlamaContext
         assert not hasattr(low, "generate") and not hasattr(ctx, "decode_mtp_async")
 
 
 def test_drafting_works_on_a_plain_context_through_its_session(pair):
     want = pair.generate("import os\n", max_tokens=12, draft_n_max=2, temperature=0).tokens
-    with Context(pair, n_ctx=256, embeddings=True) as ctx:
+    with LlamaContext(pair, n_ctx=256, embeddings=True) as ctx:
         got = pair.generate("import os\n", max_tokens=12, draft_n_max=2, context=ctx, temperature=0)
         assert got.tokens == want and got.stats.n_drafted > 0
         assert current_session(ctx) is not None and current_session(ctx).in_flight is None

@@ -87,7 +87,7 @@ def test_an_assistant_with_another_sliding_window_is_refused_at_attach(tmp_path)
     import struct
 
     from mtp_bindings import AssistantLoadError, Model
-    from mtp_bindings.mtp_status import MTP_ERR_WINDOW
+    from mtp_bindings.native.mtp_status import MTP_ERR_WINDOW
 
     data = bytearray(fixture_path("dense-assistant.gguf").read_bytes())
     key = b"gemma4-assistant.attention.sliding_window"

@@ -9,7 +9,7 @@ import pytest
 
 from mtp_bindings import (ContextOverflowError, InvalidParameterError, Model, NoAssistantError,
                           NotATargetModelError)
-from mtp_bindings.limits import DEFAULT_N_CTX
+from mtp_bindings.config.limits import DEFAULT_N_CTX
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from mtp_bindings import (
     NoAssistantError,
 )
 from mtp_bindings.generation.agreement import gap, is_near_tie
-from mtp_bindings.gguf_tools import rewrite_gguf, to_design_layout, verify_assistant
+from mtp_bindings.gguffile.tools import rewrite_gguf, to_design_layout, verify_assistant
 from mtp_bindings.low_level import ffi, lib
 from mtp_bindings.mtp import graph_stats, session_of
 

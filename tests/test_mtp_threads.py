@@ -12,8 +12,8 @@ import pytest
 from fixture_paths import PAIRS, fixture_path
 from mtp_bindings import InvalidParameterError, Model, NoAssistantError
 from mtp_bindings.mtp import graph_stats
-from mtp_bindings.threadpool import ThreadPool
-from mtp_bindings.threads import usable_cpus
+from mtp_bindings.native.threadpool import ThreadPool
+from mtp_bindings.config.threads import usable_cpus
 
 CPUS = usable_cpus()
 

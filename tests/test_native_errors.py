@@ -7,9 +7,9 @@ import threading
 import pytest
 
 from mtp_bindings import DecodeError, ModelLoadError
-from mtp_bindings._native import MTP_SYMBOLS, NATIVE_VERSION, clear_errors, lib, raise_native
-from mtp_bindings.model import LlamaModel as Model
-from mtp_bindings.mtp_status import MTP_STATUS_CODES, status_text
+from mtp_bindings.native._native import MTP_SYMBOLS, NATIVE_VERSION, clear_errors, lib, raise_native
+from mtp_bindings.llama_model import LlamaModel as Model
+from mtp_bindings.native.mtp_status import MTP_STATUS_CODES, status_text
 
 
 def test_concurrent_failures_each_report_their_own_native_error(trained_paths, tmp_path):

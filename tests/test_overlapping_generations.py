@@ -135,7 +135,7 @@ def test_a_closed_stream_hands_its_context_back(model):
 
 
 def test_the_model_keeps_at_most_two_idle_generation_contexts(model):
-    from mtp_bindings.model import GENERATION_POOL_IDLE
+    from mtp_bindings.llama_model import GENERATION_POOL_IDLE
 
     streams = [model.generate(p, max_tokens=4, temperature=0, stream=True) for p in PROMPTS * 2]
     for s in streams:

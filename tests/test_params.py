@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from mtp_bindings import InvalidParameterError
-from mtp_bindings.params import (DRAFT_N_MAX, ContextParams, DraftParams, SamplingParams, check_draft_overrides,
-                                 resolve_flash_attn)
+from mtp_bindings.config.params import (DRAFT_N_MAX, ContextParams, DraftParams, SamplingParams, check_draft_overrides,
+                                        resolve_flash_attn)
 
 ROOT = Path(__file__).resolve().parent.parent
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from mtp_bindings import Model
-from mtp_bindings.chat_template import CHAT_TOKENIZE, render_chat
+from mtp_bindings.chat.template import CHAT_TOKENIZE, render_chat
 from mtp_bindings.generation.prompt_cache import common_prefix
 from numerics import TOL, assert_agree, forced_rows
 from test_server import KEY, TIMEOUT_S, ref_chat, reference, server  # noqa: F401  (the loopback server fixtures)

@@ -156,7 +156,7 @@ def test_a_model_without_rpc_servers_does_not_use_them(workers: list[str], rpc_r
 
 
 def test_a_malformed_endpoint_is_an_invalid_parameter() -> None:
-    from mtp_bindings.devices import add_rpc_servers
+    from mtp_bindings.native.devices import add_rpc_servers
     from mtp_bindings.exceptions import InvalidParameterError
 
     for bad in ("localhost", "localhost:", ":50052", "h:0", "h:65536", "h:50052x", "[::1]:50052", "h:1,h:1", ""):
@@ -178,7 +178,7 @@ def test_an_unreachable_endpoint_is_a_typed_error_at_once(trained_paths: tuple[P
 def test_a_server_that_does_not_answer_is_an_error_within_the_timeout() -> None:
     """A port that accepts connections but never answers the hello (as an rpc-server busy with
     another client does): an error after ``timeout``, where ggml would wait forever."""
-    from mtp_bindings.devices import add_rpc_servers
+    from mtp_bindings.native.devices import add_rpc_servers
     from mtp_bindings.exceptions import RPCServerError
 
     with socket.socket() as silent:
@@ -194,7 +194,7 @@ def test_a_server_that_is_not_an_rpc_server_is_an_error() -> None:
     """Something that answers with other bytes, or hangs up at the hello."""
     import threading
 
-    from mtp_bindings.devices import add_rpc_servers
+    from mtp_bindings.native.devices import add_rpc_servers
     from mtp_bindings.exceptions import RPCServerError
 
     with socket.socket() as other:

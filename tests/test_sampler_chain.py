@@ -24,7 +24,7 @@ from mtp_bindings.exceptions import InvalidParameterError
 from mtp_bindings.generation.chain import TOKEN_DATA, SamplerChain, sampler_for
 from mtp_bindings.generation.rejection import RejectionSampler
 from mtp_bindings.low_level import ffi, lib
-from mtp_bindings.params import SAMPLER_ORDER, SamplingParams
+from mtp_bindings.config.params import SAMPLER_ORDER, SamplingParams
 
 from test_sampling import V as TOY_V, toy_draft, toy_logits
 

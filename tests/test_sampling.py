@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from mtp_bindings import InvalidParameterError
 from mtp_bindings.generation.rejection import RejectionSampler
 from mtp_bindings.generation.sampling import Sampler, candidate_distribution, draw_index, in_id_order
-from mtp_bindings.params import SamplingParams
+from mtp_bindings.config.params import SamplingParams
 
 V = 4
 N_TOK = 3

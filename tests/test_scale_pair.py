@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from mtp_bindings import InvalidParameterError, Model
-from mtp_bindings import _scale_check
-from mtp_bindings._scale_check import first_drafts, greedy_run, pad_probability
+from mtp_bindings.scale_pair import check as _scale_check
+from mtp_bindings.scale_pair.check import first_drafts, greedy_run, pad_probability
 from numerics import TOL, assert_agree
-from mtp_bindings.gguf_tools import read_summary, verify_assistant
-from mtp_bindings.scale_pair import BUNDLED, ScaleConfig, main, scale_pair
+from mtp_bindings.gguffile.tools import read_summary, verify_assistant
+from mtp_bindings.scale_pair.build import BUNDLED, ScaleConfig, main, scale_pair
 
 SMALL = ScaleConfig.small()
 PROMPTS = ["def main(argv):\n", "import os\nimport sys\n", "class Queue:\n    def __init__(self):",
@@ -193,7 +193,7 @@ def test_f16_files_written_only_to_be_quantized_are_removed(tmp_path):
 def test_scale_pair_check_passes_on_the_small_configuration(built):
     # the product's comparison (scale-pair --check) on the same files: teacher-forced logits, tokens by the
     # near-tie rule; its report names any parting
-    from mtp_bindings._scale_check import check, format_report
+    from mtp_bindings.scale_pair.check import check, format_report
 
     pair, _ = built
     report = check(pair, SMALL, "f16", n_threads=2)

@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NEEDED = ("pyproject.toml", "CMakeLists.txt", "README.md", "build_support/llama_source.py", "build_support/gen_ffi.py",
-          "patches/README.md", "mtp_bindings/__init__.py", "mtp_bindings/_native.py",
+          "patches/README.md", "mtp_bindings/__init__.py", "mtp_bindings/native/_native.py",
           "mtp_bindings/models/trained-target.gguf", "mtp_bindings/models/trained-assistant.gguf")
 NEVER = ("vendor/", "build/", "dist/", ".venv/", ".git/")
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from mtp_bindings.gemma4_template import GEMMA4_TEMPLATE
+from mtp_bindings.chat.gemma4_template import GEMMA4_TEMPLATE
 from test_server import Server, _free_port, _model_files, _serve_command, running_server
 
 PREFILL_LINE = "{%- if add_generation_prompt and reply_prefill is defined %}{{ reply_prefill }}{% endif %}"

@@ -74,7 +74,7 @@ def test_props_reports_slots_context_model_and_defaults(server: Server, referenc
     settings = props["default_generation_settings"]
     assert settings["n_ctx"] == N_CTX and settings["speculative"] is server.has_mtp
     assert settings["params"]["speculative.n_max"] == (2 if server.has_mtp else 0)
-    from mtp_bindings.params import SAMPLING_DEFAULTS
+    from mtp_bindings.config.params import SAMPLING_DEFAULTS
 
     assert settings["params"]["temperature"] == SAMPLING_DEFAULTS.temperature  # the one set of defaults
     assert settings["params"]["top_k"] == SAMPLING_DEFAULTS.top_k

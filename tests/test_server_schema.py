@@ -1,5 +1,5 @@
 """The server's request schema takes its bounds and defaults from the library's one source
-(:mod:`mtp_bindings.params`), in process, without a model."""
+(:mod:`mtp_bindings.config.params`), in process, without a model."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from mtp_bindings.exceptions import InvalidParameterError
-from mtp_bindings.params import DRAFT_N_MAX, SAMPLING_DEFAULTS, SamplingParams
+from mtp_bindings.config.params import DRAFT_N_MAX, SAMPLING_DEFAULTS, SamplingParams
 from mtp_bindings.server import CompletionRequest, DraftDefaults, generation_kwargs
 
 VALUES = [-101.0, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 64.0, 100.0, 100.5]
@@ -89,7 +89,7 @@ def test_dry_sequence_breakers_are_a_non_empty_list_of_non_empty_strings() -> No
 
 
 def test_a_samplers_field_passes_only_as_llama_servers_own_order() -> None:
-    from mtp_bindings.params import SAMPLER_ORDER
+    from mtp_bindings.config.params import SAMPLER_ORDER
     from mtp_bindings.server.errors import APIError
     from mtp_bindings.server.unsupported import refuse_unsupported
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from mtp_bindings import threads
+from mtp_bindings.config import threads
 
 # subprocesses start outside the checkout, so they import the installed package, not the source tree
 NEUTRAL_CWD = tempfile.gettempdir()
@@ -133,7 +133,7 @@ def test_openmp_default_applies_only_while_loading_and_never_over_a_user_choice(
 
 
 def test_loading_the_package_leaves_the_environment_as_it_was():
-    code = "import os, mtp_bindings._native; print(os.environ.get('GOMP_SPINCOUNT'))"
+    code = "import os, mtp_bindings.native._native; print(os.environ.get('GOMP_SPINCOUNT'))"
     env = {k: v for k, v in os.environ.items() if k not in threads.OPENMP_CHOICE_VARS}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                          cwd=NEUTRAL_CWD)

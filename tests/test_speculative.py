@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from fixture_paths import PAIRS, fixture_path
 from numerics import assert_same_tokens
 from mtp_bindings import Model
+from mtp_bindings.generation.driver import h_idx_for_tests
 from mtp_bindings.generation.rejection import RejectionSampler
 
 PROMPTS = ["def main(argv):\n", "import os\nimport sys\n", "class Queue:\n    def __init__(self):",
@@ -117,7 +118,8 @@ def test_h_idx_of_the_last_accepted_token_beats_the_last_batch_row(trained):
     def rate(h_idx: str) -> float:
         acc = drafted = 0
         for prompt in PROMPTS:
-            s = model.generate(prompt, max_tokens=96, draft_n_max=4, context=ctx, h_idx=h_idx, temperature=0).stats
+            with h_idx_for_tests(h_idx):  # a test-only switch, not a parameter of generate
+                s = model.generate(prompt, max_tokens=96, draft_n_max=4, context=ctx, temperature=0).stats
             acc, drafted = acc + s.n_accepted, drafted + s.n_drafted
         return acc / drafted
 

@@ -27,7 +27,7 @@ from mtp_bindings.generation.constraint import Grammar, TokenConstraint  # noqa:
 from mtp_bindings.generation.rejection import RejectionSampler  # noqa: E402
 from mtp_bindings.generation.chain import sampler_for  # noqa: E402
 from mtp_bindings.generation.sampling import Sampler  # noqa: E402
-from mtp_bindings.params import SamplingParams  # noqa: E402
+from mtp_bindings.config.params import SamplingParams  # noqa: E402
 
 try:
     import jsonschema

@@ -35,7 +35,7 @@ N_TOKENS = 24
 
 
 def _device_names() -> list[str]:
-    from mtp_bindings.devices import list_devices
+    from mtp_bindings.native.devices import list_devices
 
     return [d.name for d in list_devices()]
 

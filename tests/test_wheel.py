@@ -262,7 +262,7 @@ def test_a_threadpool_drafts_through_the_loaded_cpu_variant(venv: Venv):
         from mtp_bindings import Model
         from mtp_bindings.models import ASSISTANT, TARGET
         from mtp_bindings.mtp import graph_stats
-        from mtp_bindings.threadpool import ThreadPool
+        from mtp_bindings.native.threadpool import ThreadPool
         with ThreadPool(2) as pool, Model(TARGET, assistant=ASSISTANT) as m:
             ctx = m.create_context(n_ctx=128, n_threads=1, embeddings=True)
             ctx.decode([2, 100, 200, 300], pos=0)

@@ -148,10 +148,10 @@ try:
         with Model(other) as m:
             m.attach_assistant(path)
     elif mode == "info":
-        from mtp_bindings.gguf_tools import describe
+        from mtp_bindings.gguffile.tools import describe
         describe(path)
     elif mode == "verify":
-        from mtp_bindings.gguf_tools import verify_assistant
+        from mtp_bindings.gguffile.tools import verify_assistant
         verify_assistant(path, other if other != "-" else None)
     print("OK")
 except MTPBindingsError as e:

@@ -13,7 +13,7 @@ Three parts, each optional (``--parts``):
     End to end over HTTP: our ``mtp-bindings serve`` against upstream's server, same client
     (``http.client``), same ``/v1/completions`` request bodies, client-side wall time.
 ``cost``
-    Cost structure at real Gemma 4 E2B shapes with random weights (written here with gguf-py):
+    Cost structure at real Gemma 4 E2B shapes with random weights (written here with the gguf package):
     draft step time (ours dense / ours centroid head / upstream dense), verify time of 1..5
     tokens, bytes moved to the host per draft step, prompt processing with and without an
     assistant, the Python driver's own time per round, memory of attaching an assistant, and the

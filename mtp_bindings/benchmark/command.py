@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report-only", action="store_true", help="rewrite bench.md and the plots from bench.json")
     p.add_argument("--omp-wait-policy", choices=["passive", "active", "default"], default="default",
                    help="OMP_WAIT_POLICY for every system (default: unset, i.e. what users get: the package's own "
-                        "threading default, see mtp_bindings.threads; passive/active: an A/B of libgomp's policies)")
+                        "threading default, see mtp_bindings.config.threads; passive/active: an A/B of libgomp's policies)")
     p.add_argument("--nice", type=int, default=None,
                    help="niceness increment for the benchmark and its servers (negative needs root: priority "
                         "over other work on a shared machine; default 0)")

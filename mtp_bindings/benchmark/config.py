@@ -23,7 +23,7 @@ def llama_server_path() -> Path:
         return Path(env)
     cands = [PKG / "bin" / "llama-server"]
     # found, not imported: importing the compiled module would load libgomp before the package sets
-    # its spin count (mtp_bindings.threads)
+    # its spin count (mtp_bindings.config.threads)
     spec = importlib.util.find_spec("mtp_bindings._ffi")
     if spec is not None and spec.origin:
         cands.append(Path(spec.origin).resolve().parent / "bin" / "llama-server")
@@ -80,7 +80,7 @@ class BenchConfig:
     """What one benchmark run measures (see :func:`config_for`)."""
 
     mode: str = "full"
-    # "e2b": the bundled pair scaled to Gemma 4 E2B's shapes (mtp_bindings.scale_pair), one setup per
+    # "e2b": the bundled pair scaled to Gemma 4 E2B's shapes (mtp_bindings.scale_pair.build), one setup per
     # weight type; "tiny": the bundled trained pair (or -m/-md), one setup per KV type
     pair: str = "tiny"
     weights: tuple[str, ...] = ("q4_K", "q8_0")   # e2b: target/assistant weight types (q4_K: Q4_K_M mix)
@@ -166,7 +166,7 @@ def setups(cfg: BenchConfig) -> list[Setup]:
     """The setups of ``cfg``; on the E2B pair the files are built on first use (minutes) and cached."""
     if cfg.pair != "e2b":
         return [Setup(kv_setup_name(kv), cfg.target, cfg.assistant, cfg.assistant, None, kv) for kv in cfg.kv_types]
-    from ..scale_pair import ScaleConfig, scale_pair
+    from ..scale_pair.build import ScaleConfig, scale_pair
 
     sp = scale_pair(ScaleConfig(), types=cfg.weights, progress=True)
     return [Setup(f"{w} weights", sp.target[w], sp.centroid[w], sp.dense[w], sp.dense[w], kv)

@@ -21,7 +21,7 @@ from .util import median
 # --- the Python driver's own time -----------------------------------------------------------------
 
 class NativeTime:
-    """A context's :attr:`~mtp_bindings.context.Context.observer`: adds up the seconds of the native
+    """A context's :attr:`~mtp_bindings.llama_context.LlamaContext.observer`: adds up the seconds of the native
     calls the context reports (every ``llama_decode`` and MTP submit / wait / synchronous draft).
 
     Not counted, so they land in the driver's share: the cheap native calls outside that hook

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..generation.agreement import compare_greedy, forced_rows
-from ..params import resolve_flash_attn
+from ..config.params import resolve_flash_attn
 from .config import SAMPLING, BenchConfig, Setup, log, setups
 from .util import CpuMeter, ServerProcess, cpu_seconds, free_port, median, ours_serve_argv, spread, upstream_argv
 

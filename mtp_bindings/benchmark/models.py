@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 
 from .config import BUNDLED, BenchConfig, log
@@ -77,12 +78,6 @@ SHAPES = {
 }
 
 
-def _gguf_module() -> Any:
-    from ..gguf_tools import _gguf
-
-    return _gguf()
-
-
 def tokenizer_fields(gguf: Any, src: Path, vocab: int | None) -> list[tuple[str, Any, Any, Any]]:
     """``tokenizer.*`` key/values of ``src``, the vocabulary padded with unused tokens to ``vocab``."""
     reader = gguf.GGUFReader(src)
@@ -119,7 +114,6 @@ def _write_gguf(path: Path, arch: str, kv: list[tuple[str, str, Any]], tok: list
                 tensors: list[tuple[str, tuple[int, ...], Any, Callable[[], np.ndarray]]]) -> None:
     """Write a GGUF tensor by tensor (memory stays at one tensor). ``tensors``: (name, numpy shape,
     numpy dtype, make)."""
-    gguf = _gguf_module()
     tmp = path.with_suffix(".tmp")
     w = gguf.GGUFWriter(tmp, arch)
     for kind, key, value in kv:
@@ -200,7 +194,6 @@ def write_f16_target(path: Path, dims: Dims = E2B, seed: int = TARGET_SEED, toke
     """A random Gemma 4 target of ``dims`` (f16 matrices, tied embeddings), tensor by tensor (memory
     stays at one tensor). ``tokenizer``: a GGUF whose vocabulary is used, padded with unused tokens
     to ``dims.vocab`` (default: the bundled trained target's)."""
-    gguf = _gguf_module()
     arch = "gemma4"
     rng = np.random.default_rng(seed)
     kv: list[tuple[str, str, Any]] = [("string", "general.name", name)] if name else []
@@ -236,7 +229,6 @@ def quantize(src: Path, dst: Path, ftype: int, threads: int) -> None:
 def write_assistant(path: Path, shape: Shape, target: Path, centroid: bool, seed: int = 9) -> None:
     """A random Gemma 4 assistant of ``shape`` for ``target`` (its tokenizer copied), dense LM
     head or centroid head (``masked_embd_centroids`` + an I32 ``masked_embd_ordering``)."""
-    gguf = _gguf_module()
     arch = "gemma4-assistant"
     rng = np.random.default_rng(seed)
     h, bb = shape.a_hidden, shape.hidden

@@ -211,9 +211,9 @@ def package_fingerprint() -> dict[str, Any]:
 
     pkg = Path(low_level.__file__).parent
     out = {}
-    # the speculative loop lives in generation/ (every module there), on context.py and mtp.py
+    # the speculative loop lives in generation/ (every module there), on llama_context.py and mtp.py
     files = [*sorted(low_level.library_dir().glob("*.so")), llama_server_path(),
-             pkg / "context.py", pkg / "mtp.py", *sorted((pkg / "generation").glob("*.py"))]
+             pkg / "llama_context.py", pkg / "mtp.py", *sorted((pkg / "generation").glob("*.py"))]
     for f in files:
         with contextlib.suppress(OSError):
             st = f.stat()

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..params import resolve_flash_attn
+from ..config.params import resolve_flash_attn
 from .config import llama_server_path
 
 

@@ -2,7 +2,7 @@
 
 One job: declare those flags once, with llama.cpp's spellings, so that ``generate``, ``chat``,
 ``serve`` and ``demo`` read them alike. Defaults and choices come from the library's one source
-(:mod:`mtp_bindings.params`, :mod:`mtp_bindings.limits`, :mod:`mtp_bindings.presets`), never a
+(:mod:`mtp_bindings.config.params`, :mod:`mtp_bindings.config.limits`, :mod:`mtp_bindings.config.presets`), never a
 second copy; bounds are the library's too (its errors name the flag, see :func:`.flags.name_flags`).
 The loaded values become library arguments in :mod:`.session` and :mod:`.generate`.
 """
@@ -13,9 +13,9 @@ import argparse
 from pathlib import Path
 
 from ..hub import DEFAULT_QUANT
-from ..limits import CLI_N_PREDICT, DEFAULT_N_CTX, UNTIL_FULL
-from ..params import FLASH_ATTN, SAMPLING_DEFAULTS, ContextParams
-from ..presets import DEFAULT_PRESET, PRESETS
+from ..config.limits import CLI_N_PREDICT, DEFAULT_N_CTX, UNTIL_FULL
+from ..config.params import FLASH_ATTN, SAMPLING_DEFAULTS, ContextParams
+from ..config.presets import DEFAULT_PRESET, PRESETS
 from .upstream import add_speculative_args
 
 CONTEXT_DEFAULTS = ContextParams()
@@ -166,7 +166,7 @@ def dry_sequence_breakers(given: list[str] | None) -> tuple[str, ...]:
 
 def add_batch_args(p: argparse.ArgumentParser) -> None:
     """llama.cpp's ``-b`` / ``-ub``: the context's logical and physical batch (the prompt is decoded
-    in chunks of ``-b`` tokens); defaults the library's (:class:`~mtp_bindings.params.ContextParams`)."""
+    in chunks of ``-b`` tokens); defaults the library's (:class:`~mtp_bindings.config.params.ContextParams`)."""
     p.add_argument("-b", "--batch-size", dest="batch_size", type=int, default=CONTEXT_DEFAULTS.n_batch,
                    help=f"logical batch size: prompt tokens decoded at once (default {CONTEXT_DEFAULTS.n_batch})")
     p.add_argument("-ub", "--ubatch-size", dest="ubatch_size", type=int, default=None,

@@ -2,7 +2,7 @@
 side (tokens/s, acceptance, whether the outputs are identical).
 
 One job: the README's main job. By default the pair is the bundled tiny pair scaled to Gemma 4
-E2B's shapes (built on first use by :mod:`mtp_bindings.scale_pair`, then cached).
+E2B's shapes (built on first use by :mod:`mtp_bindings.scale_pair.build`, then cached).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def _plain_gap(model: Any, ctx: Any, prompt: str, plain: list[int], mtp: list[in
 def _e2b_pair() -> tuple[Path, Path]:
     """The demo's default pair: target and centroid-head assistant with Gemma 4 E2B's shapes and the
     bundled pair's behaviour, built on first use (a few minutes) and cached (see :mod:`.scale_pair`)."""
-    from ..scale_pair import ScaleConfig, scale_pair
+    from ..scale_pair.build import ScaleConfig, scale_pair
 
     print(f"{PROG}: the E2B-sized pair (Gemma 4 E2B's shapes, the bundled pair's behaviour; "
           "built on first use, then cached; --pair tiny for the bundled pair)", file=sys.stderr)

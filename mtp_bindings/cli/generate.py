@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..exceptions import ContextOverflowError
-from ..limits import UNTIL_FULL
+from ..config.limits import UNTIL_FULL
 from .args import dry_sequence_breakers
 from .chat_commands import UnknownCommand, help_text, read_line
 from .flags import PROG, CLIError, error_line, flag

@@ -15,7 +15,7 @@ MIB = 1024 * 1024
 
 def devices_text() -> str:
     """llama.cpp's listing: ``Available devices:`` and a line per device (none on a CPU-only build)."""
-    from ..devices import list_devices
+    from ..native.devices import list_devices
 
     lines = ["Available devices:"]
     for d in list_devices():

@@ -13,8 +13,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from .. import __version__
-from ..limits import SERVER_N_PREDICT, UNTIL_FULL
-from ..params import EMBD_NORMALIZE, EMBED_POOLING, POOLING_TYPES, RPC_SERVER_HOST, RPC_SERVER_PORT, DraftParams
+from ..config.limits import SERVER_N_PREDICT, UNTIL_FULL
+from ..config.params import EMBD_NORMALIZE, EMBED_POOLING, POOLING_TYPES, RPC_SERVER_HOST, RPC_SERVER_PORT, DraftParams
 from . import chat_commands
 from .args import (add_batch_args, add_chat_template_args, add_drafting_args, add_model_args, add_preset_arg,
                    add_sampling_args)
@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_verify_assistant)
 
     # imported here, inside main()'s Ctrl-C handling: it loads numpy, the slowest part of start-up
-    from ..scale_pair import add_parser as add_scale_pair_parser
+    from ..scale_pair.build import add_parser as add_scale_pair_parser
 
     add_scale_pair_parser(sub)
 

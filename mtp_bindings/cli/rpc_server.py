@@ -4,7 +4,7 @@ a multi-machine setup needs nothing but ``pip install mtp-bindings``.
 One job: find the bundled binary and run it in this process's place with the user's flags, which
 are rpc-server's own (``-H`` host, ``-p`` port, ``-t`` threads, ``-d`` devices, ``-c`` cache; ``-h``
 its help), after saying where it will listen and how a client uses it. Clients add it with
-``--rpc HOST:PORT`` (see :func:`mtp_bindings.devices.add_rpc_servers`).
+``--rpc HOST:PORT`` (see :func:`mtp_bindings.native.devices.add_rpc_servers`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .._backends import is_portable
-from ..params import RPC_SERVER_HOST, RPC_SERVER_PORT
+from ..native._backends import is_portable
+from ..config.params import RPC_SERVER_HOST, RPC_SERVER_PORT
 from .flags import PROG, CLIError
 from .interrupt import Interrupt
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import models
 from ..exceptions import AssistantLoadError, ModelLoadError
-from ..limits import default_n_ctx
+from ..config.limits import default_n_ctx
 from .args import CONTEXT_DEFAULTS
 from .flags import PROG, CLIError, flag
 from .interrupt import Interrupt
@@ -76,7 +76,7 @@ def _load_progress(target: Path, interrupt: Interrupt) -> Any:
     """The load's progress callback: a bar on a terminal, and either way stop on Ctrl-C."""
     if not sys.stderr.isatty():
         return interrupt.keep_loading
-    from ..model import _tqdm_progress
+    from ..llama_model import _tqdm_progress
 
     bar = _tqdm_progress(f"loading {target.name}")
 
@@ -166,7 +166,7 @@ def _print_load_info(model: Any) -> None:
     if model.assistant_path is None:
         print("assistant  none: plain decoding", file=sys.stderr)
         return
-    from ..gguf_tools import describe_assistant_head
+    from ..gguffile.tools import describe_assistant_head
 
     print(f"assistant  {model.assistant_path}: {describe_assistant_head(model.assistant_path)}", file=sys.stderr)
 
@@ -209,7 +209,7 @@ def chat_template(args: argparse.Namespace) -> str | None:
     if value is None and path is None:
         return None
     if value is not None:
-        from ..builtin_templates import builtin_template_names
+        from ..chat.builtin_templates import builtin_template_names
 
         if value in builtin_template_names() or any(mark in value for mark in JINJA_MARKS):
             return value

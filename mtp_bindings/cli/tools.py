@@ -54,14 +54,14 @@ def cmd_bench(args: argparse.Namespace, interrupt: Interrupt) -> int:
 
 
 def cmd_info(args: argparse.Namespace, interrupt: Interrupt) -> int:
-    from ..gguf_tools import describe
+    from ..gguffile.tools import describe
 
     print(describe(args.file, target=args.target))
     return 0
 
 
 def cmd_verify_assistant(args: argparse.Namespace, interrupt: Interrupt) -> int:
-    from ..gguf_tools import verify_assistant
+    from ..gguffile.tools import verify_assistant
 
     problems = verify_assistant(args.file, target=args.target)
     if problems:
@@ -73,7 +73,7 @@ def cmd_verify_assistant(args: argparse.Namespace, interrupt: Interrupt) -> int:
 
 
 def cmd_convert(args: argparse.Namespace, interrupt: Interrupt) -> int:
-    from ..convert import convert_hf
+    from ..gguffile.convert import convert_hf
 
     out = convert_hf(args.hf_dir, args.outfile, outtype=args.outtype, verbose=args.verbose)
     print(f"wrote {out}")
@@ -81,7 +81,7 @@ def cmd_convert(args: argparse.Namespace, interrupt: Interrupt) -> int:
 
 
 def cmd_relayout(args: argparse.Namespace, interrupt: Interrupt) -> int:
-    from ..gguf_tools import to_design_layout
+    from ..gguffile.tools import to_design_layout
 
     print(f"wrote {to_design_layout(args.file, args.outfile)}")
     return 0

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..params import THREADS_MAX, valid_thread_count
+from ..config.params import THREADS_MAX, valid_thread_count
 from .flags import CLIError, flag
 
 # common/speculative.cpp's common_speculative_type_from_name_map at the pin: every name llama.cpp takes
@@ -124,7 +124,7 @@ def check_draft_threads(args: argparse.Namespace) -> None:
     """``-td N``: the threads of MTP drafting while the target waits for a draft (the context's
     :meth:`~mtp_bindings.mtp.MTPContext.set_mtp_threads`, kept by its generations). ``generate`` and
     ``chat`` honour any count; ``serve``'s slots share the CPUs by a rule of their own
-    (:mod:`mtp_bindings.threads`), so there only the count of ``-t`` is accepted, any other refused
+    (:mod:`mtp_bindings.config.threads`), so there only the count of ``-t`` is accepted, any other refused
     rather than ignored."""
     n = getattr(args, "draft_threads", None)
     if n is None or wants_mtp(args) is False:

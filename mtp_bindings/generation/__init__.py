@@ -18,7 +18,8 @@ One module per job, each importing only downward (see ARCHITECTURE.md):
 * :mod:`.controller` -- how many tokens each round drafts (a fixed count, or ``auto``);
 * :mod:`.agreement` -- when two computations' greedy tokens agree (the near-tie rule), teacher-forced rows;
 * :mod:`.text` -- tokens to text pieces; :mod:`.trace` -- the NDJSON acceptance trace;
-* :mod:`.driver` -- the entry points ``generate`` and ``chat``.
+* :mod:`.driver` -- the entry point ``generate``; :mod:`.chat` -- ``chat``, on top of it;
+  :mod:`.pieces` -- one generation's rounds turned into text pieces (the context's lock per round).
 
 The names below are imported on first access, so that the pure modules (``sampling``,
 ``rejection``, ``stats``, ``text``) load without the compiled extension.
@@ -31,13 +32,14 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_getattr
 
 if TYPE_CHECKING:
-    from .driver import chat, generate
+    from .chat import chat
+    from .driver import generate
     from .constraint import Grammar
     from .logprobs import TokenLogprob
     from .results import GenerationResult, TextPiece
     from .stats import GenerationStats
 
-_LAZY = {"generate": ".driver", "chat": ".driver", "GenerationResult": ".results", "TextPiece": ".results",
+_LAZY = {"generate": ".driver", "chat": ".chat", "GenerationResult": ".results", "TextPiece": ".results",
          "GenerationStats": ".stats", "TokenLogprob": ".logprobs", "Grammar": ".constraint"}
 
 

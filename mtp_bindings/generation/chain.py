@@ -1,8 +1,8 @@
-"""llama.cpp's own sampler chain, built from :class:`~mtp_bindings.params.SamplingParams` as
+"""llama.cpp's own sampler chain, built from :class:`~mtp_bindings.config.params.SamplingParams` as
 llama-server builds it, and read as a distribution rather than drawn from.
 
 The order is llama-server's (``common_sampler_init`` at the pin, ``SAMPLER_ORDER`` in
-:mod:`mtp_bindings.params`): ``logit_bias`` (the request's biases and the model's suppressed tokens)
+:mod:`mtp_bindings.config.params`): ``logit_bias`` (the request's biases and the model's suppressed tokens)
 first, then penalties, DRY, top-n-sigma, top-k, typical-p, top-p, min-p, XTC, and temperature last,
 each with llama-server's parameters (``min_keep`` 0). llama-server ends the chain with ``dist``, which
 draws one token; this chain stops before it: :meth:`SamplerChain.apply` runs it over one logits row
@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from .._native import ffi, lib
+from ..native._native import ffi, lib
 from ..exceptions import InvalidParameterError
-from ..params import SamplingParams
+from ..config.params import SamplingParams
 from .sampling import Sampler
 
 logger = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ import numpy as np
 from ..exceptions import InvalidParameterError, MTPBindingsError
 
 if TYPE_CHECKING:
-    from ..model import LlamaModel
+    from ..llama_model import LlamaModel
 
 # JSON whitespace between tokens: at most this many characters in a row (as llama.cpp's own
 # JSON-schema grammars bound it); unbounded whitespace lets a weak model pad until max_tokens.
@@ -126,7 +126,7 @@ class _Vocabulary:
     end tokens, and the model's tokenizer."""
 
     def __init__(self, model: LlamaModel) -> None:
-        from .._native import lib
+        from ..native._native import lib
 
         vocab = model.vocab  # raises once the model is closed
         self.tokens: list[bytes] = []

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..context import Context
+from ..llama_context import LlamaContext
 from ..mtp import MTPHandle, session_of, set_worker_threads
 
 
@@ -65,7 +65,7 @@ class NoDrafter:
 class MTPDrafter:
     """Drafts with the model's MTP assistant through the async C API (:mod:`mtp_bindings.mtp`)."""
 
-    def __init__(self, ctx: Context, seq_id: int = 0, depth2: bool = True) -> None:
+    def __init__(self, ctx: LlamaContext, seq_id: int = 0, depth2: bool = True) -> None:
         self.session = session_of(ctx)
         self.seq_id = seq_id
         self.depth2 = depth2
@@ -149,7 +149,7 @@ class SkipStreak:
         self.inner.cancel()
 
 
-def make_drafter(ctx: Context, drafting: bool, seq_id: int, depth2: bool, skip_streak: int) -> Drafter:
+def make_drafter(ctx: LlamaContext, drafting: bool, seq_id: int, depth2: bool, skip_streak: int) -> Drafter:
     """The drafter for a generation: MTP (wrapped in the skip-streak policy when its threshold is
     set) when drafting, else none."""
     if not drafting:

@@ -1,35 +1,46 @@
-"""The entry points ``generate`` and ``chat``: check the arguments, resolve the defaults (the
-preset, then the environment -- read here, at the library's edge, and nowhere below), run the
-round loop and assemble its tokens into a result or a stream of text pieces.
+"""The entry point ``generate`` (``chat``, in :mod:`.chat`, renders a chat and calls it): check the
+arguments, resolve the defaults (the preset, then the environment -- read here, at the library's
+edge, and nowhere below), run the round loop and assemble its tokens into a result or a stream of
+text pieces.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import time
-from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import IO, Any
+from collections.abc import Callable, Collection, Generator, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import IO, Any, Literal, overload
 
 import numpy as np
 
-from ..chat_reply import parse_reply
-from ..chat_template import CHAT_TOKENIZE, TEXT_TOKENIZE, ChatOptions, chat_prompt, reply_markers
-from ..context import Context
-from ..env import env_depth2, env_skip_streak, env_trace
+from ..chat.template import TEXT_TOKENIZE
+from ..llama_context import LlamaContext
+from ..config.env import env_depth2, env_skip_streak, env_trace
 from ..exceptions import ContextOverflowError, InvalidParameterError, NoAssistantError
-from ..model import LlamaModel
-from ..limits import UNTIL_FULL
-from ..params import DraftParams, SamplingParams
-from ..presets import resolve_preset
+from ..llama_model import LlamaModel
+from ..config.limits import UNTIL_FULL
+from ..config.params import DraftParams, SamplingParams, SpeculativeParams
+from ..config.presets import resolve_preset
 from .logprobs import TOP_LOGPROBS_MAX, LogprobRecorder
 from .constraint import Grammar, TokenConstraint, as_grammar
-from .loop import token_rounds
+from .pieces import generation_pieces
 from .results import GenerationResult, TextPiece
-from .chain import sampler_for
-from .stats import GenerationStats
-from .text import TextAssembler
-from .trace import Tracer
+
+
+_H_IDX: ContextVar[str] = ContextVar("mtp_bindings_h_idx", default="accepted")
+
+
+@contextmanager
+def h_idx_for_tests(h_idx: str) -> Generator[None, None, None]:
+    """Generations started in the ``with`` block use ``h_idx`` (``DraftParams.h_idx``: ``"last"``
+    reproduces the design's regression), a switch for tests, so not a parameter of ``generate``."""
+    token = _H_IDX.set(h_idx)
+    try:
+        yield
+    finally:
+        _H_IDX.reset(token)
 
 
 def draft_params(draft_n_max: int | None = None, depth2: bool | None = None, skip_streak: int | None = None,
@@ -59,6 +70,72 @@ def sampling_params(base: SamplingParams | None = None, **given: Any) -> Samplin
     return dataclasses.replace(base or SamplingParams(), **chosen)
 
 
+# generate's typed faces: stream=False gives a result, stream=True a stream of pieces, a bool either
+# (the implementation, with the documentation, follows them)
+@overload
+def generate(
+    model: LlamaModel, prompt: str | Sequence[int], *, max_tokens: int = 128, temperature: float | None = None,
+    top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+    repeat_penalty: float | None = None, repeat_last_n: int | None = None, presence_penalty: float | None = None,
+    frequency_penalty: float | None = None, seed: int | None = None, logit_bias: dict[int, float] | None = None,
+    typical_p: float | None = None, top_n_sigma: float | None = None, xtc_probability: float | None = None,
+    xtc_threshold: float | None = None, dry_multiplier: float | None = None, dry_base: float | None = None,
+    dry_allowed_length: int | None = None, dry_penalty_last_n: int | None = None,
+    dry_sequence_breakers: Sequence[str] | None = None, sampling: SamplingParams | None = None,
+    stop: str | Sequence[str] | None = None, speculative: SpeculativeParams | None = None,
+    draft_n_max: int | None = None, preset: str | None = None, depth2: bool | None = None,
+    skip_streak: int | None = None, trace: str | os.PathLike[str] | IO[str] | None = None,
+    cancel: Callable[[], bool] | None = None, prompt_progress: Callable[[int, int], None] | None = None,
+    context: LlamaContext | None = None, add_special: bool = TEXT_TOKENIZE["add_special"],
+    parse_special: bool = TEXT_TOKENIZE["parse_special"], ignore_eos: bool = False, logprobs: int | None = None,
+    cache_prompt: bool = DraftParams.cache_prompt, grammar: Grammar | str | None = None,
+    json_schema: dict[str, Any] | str | None = None, special_tokens: Collection[int] = (),
+    stream: Literal[False] = False,
+) -> GenerationResult: ...
+
+
+@overload
+def generate(
+    model: LlamaModel, prompt: str | Sequence[int], *, max_tokens: int = 128, temperature: float | None = None,
+    top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+    repeat_penalty: float | None = None, repeat_last_n: int | None = None, presence_penalty: float | None = None,
+    frequency_penalty: float | None = None, seed: int | None = None, logit_bias: dict[int, float] | None = None,
+    typical_p: float | None = None, top_n_sigma: float | None = None, xtc_probability: float | None = None,
+    xtc_threshold: float | None = None, dry_multiplier: float | None = None, dry_base: float | None = None,
+    dry_allowed_length: int | None = None, dry_penalty_last_n: int | None = None,
+    dry_sequence_breakers: Sequence[str] | None = None, sampling: SamplingParams | None = None,
+    stop: str | Sequence[str] | None = None, speculative: SpeculativeParams | None = None,
+    draft_n_max: int | None = None, preset: str | None = None, depth2: bool | None = None,
+    skip_streak: int | None = None, trace: str | os.PathLike[str] | IO[str] | None = None,
+    cancel: Callable[[], bool] | None = None, prompt_progress: Callable[[int, int], None] | None = None,
+    context: LlamaContext | None = None, add_special: bool = TEXT_TOKENIZE["add_special"],
+    parse_special: bool = TEXT_TOKENIZE["parse_special"], ignore_eos: bool = False, logprobs: int | None = None,
+    cache_prompt: bool = DraftParams.cache_prompt, grammar: Grammar | str | None = None,
+    json_schema: dict[str, Any] | str | None = None, special_tokens: Collection[int] = (), stream: Literal[True],
+) -> Iterator[TextPiece]: ...
+
+
+@overload
+def generate(
+    model: LlamaModel, prompt: str | Sequence[int], *, max_tokens: int = 128, temperature: float | None = None,
+    top_k: int | None = None, top_p: float | None = None, min_p: float | None = None,
+    repeat_penalty: float | None = None, repeat_last_n: int | None = None, presence_penalty: float | None = None,
+    frequency_penalty: float | None = None, seed: int | None = None, logit_bias: dict[int, float] | None = None,
+    typical_p: float | None = None, top_n_sigma: float | None = None, xtc_probability: float | None = None,
+    xtc_threshold: float | None = None, dry_multiplier: float | None = None, dry_base: float | None = None,
+    dry_allowed_length: int | None = None, dry_penalty_last_n: int | None = None,
+    dry_sequence_breakers: Sequence[str] | None = None, sampling: SamplingParams | None = None,
+    stop: str | Sequence[str] | None = None, speculative: SpeculativeParams | None = None,
+    draft_n_max: int | None = None, preset: str | None = None, depth2: bool | None = None,
+    skip_streak: int | None = None, trace: str | os.PathLike[str] | IO[str] | None = None,
+    cancel: Callable[[], bool] | None = None, prompt_progress: Callable[[int, int], None] | None = None,
+    context: LlamaContext | None = None, add_special: bool = TEXT_TOKENIZE["add_special"],
+    parse_special: bool = TEXT_TOKENIZE["parse_special"], ignore_eos: bool = False, logprobs: int | None = None,
+    cache_prompt: bool = DraftParams.cache_prompt, grammar: Grammar | str | None = None,
+    json_schema: dict[str, Any] | str | None = None, special_tokens: Collection[int] = (), stream: bool,
+) -> GenerationResult | Iterator[TextPiece]: ...
+
+
 def generate(
     model: LlamaModel,
     prompt: str | Sequence[int],
@@ -85,24 +162,24 @@ def generate(
     dry_sequence_breakers: Sequence[str] | None = None,
     sampling: SamplingParams | None = None,
     stop: str | Sequence[str] | None = None,
+    speculative: SpeculativeParams | None = None,
     draft_n_max: int | None = None,
     preset: str | None = None,
     depth2: bool | None = None,
     skip_streak: int | None = None,
     trace: str | os.PathLike[str] | IO[str] | None = None,
-    stream: bool = False,
     cancel: Callable[[], bool] | None = None,
     prompt_progress: Callable[[int, int], None] | None = None,
-    context: Context | None = None,
+    context: LlamaContext | None = None,
     add_special: bool = TEXT_TOKENIZE["add_special"],
     parse_special: bool = TEXT_TOKENIZE["parse_special"],
-    h_idx: str = "accepted",
     ignore_eos: bool = False,
     logprobs: int | None = None,
     cache_prompt: bool = DraftParams.cache_prompt,
     grammar: Grammar | str | None = None,
     json_schema: dict[str, Any] | str | None = None,
     special_tokens: Collection[int] = (),
+    stream: bool = False,
 ) -> GenerationResult | Iterator[TextPiece]:
     """Generate a continuation of ``prompt`` (text or token ids).
 
@@ -113,13 +190,15 @@ def generate(
     (token id -> added logit), ``typical_p``, ``top_n_sigma``, XTC (``xtc_probability``,
     ``xtc_threshold``) and DRY (``dry_multiplier``, ``dry_base``, ``dry_allowed_length``,
     ``dry_penalty_last_n``, -1: the whole context, ``dry_sequence_breakers``), run in llama-server's
-    order through llama.cpp's sampler chain (:mod:`.chain`); each left None takes :class:`~mtp_bindings.params.SamplingParams`'
+    order through llama.cpp's sampler chain (:mod:`.chain`); each left None takes :class:`~mtp_bindings.config.params.SamplingParams`'
     default -- llama-server's, the same in every front end: temperature 0.8, top_k 40, top_p 0.95,
     min_p 0.05, no penalties; pass ``temperature=0`` for greedy decoding -- or ``sampling``'s value
     when a whole ``SamplingParams`` is given.
-    Drafting: ``preset`` (default ``auto``: each round drafts the count, up to ``draft_n_max``,
+    Drafting: ``speculative``, a :class:`~mtp_bindings.config.params.SpeculativeParams` (the four
+    settings below in one object; a flat keyword given as well overrides its field), or flat:
+    ``preset`` (default ``auto``: each round drafts the count, up to ``draft_n_max``,
     with the most expected tokens/s on this context, see :mod:`.controller`; the others are fixed
-    counts, see :mod:`mtp_bindings.presets`), or ``draft_n_max`` alone, a fixed count of tokens
+    counts, see :mod:`mtp_bindings.config.presets`), or ``draft_n_max`` alone, a fixed count of tokens
     per round (0 = plain decoding; a model without an assistant decodes plainly by default, and a
     ``preset`` or ``draft_n_max > 0`` asked of it raises :class:`NoAssistantError`), ``depth2`` overlap (default on; ``LLAMA_PIPELINE_DEPTH2=0`` turns it
     off), ``skip_streak`` threshold (``LLAMA_MTP_SKIP_STREAK_THRESHOLD``), ``trace`` (a path, a
@@ -151,7 +230,7 @@ def generate(
     of it meanwhile waits its turn if the owner is another thread's whole (non-stream) generation, and
     raises :class:`~mtp_bindings.exceptions.ContextBusyError` at once if the owner is a stream or on
     the same thread (a wait there could be endless). Without ``context`` the model lends one of its pool (an idle one, else a fresh one; see
-    :meth:`~mtp_bindings.model.LlamaModel.generation_context`), so overlapping generations -- two
+    :meth:`~mtp_bindings.llama_model.LlamaModel.generation_context`), so overlapping generations -- two
     streams zipped, a stream kept in a variable while another thread generates -- each get their
     own, neither waits nor disturbs the other. Its size is the model's ``n_ctx`` setting
     (``Model(path, n_ctx=8192)``); a prompt that does not fit raises :class:`ContextOverflowError`.
@@ -172,7 +251,12 @@ def generate(
                          dry_penalty_last_n=dry_penalty_last_n,
                          dry_sequence_breakers=dry_sequence_breakers)
     logit_bias = sp.logit_bias
-    opts = draft_params(draft_n_max, depth2, skip_streak, preset, h_idx, ignore_eos, cache_prompt)
+    spec = speculative or SpeculativeParams()
+    draft_n_max = spec.draft_n_max if draft_n_max is None else draft_n_max
+    preset = spec.preset if preset is None else preset
+    opts = draft_params(draft_n_max, spec.depth2 if depth2 is None else depth2,
+                        spec.skip_streak if skip_streak is None else skip_streak, preset, _H_IDX.get(), ignore_eos,
+                        cache_prompt)
     if ((draft_n_max or 0) > 0 or (preset is not None and draft_n_max != 0)) and not model.has_assistant:
         # asked for by name: decoding plainly instead would hide a missing or forgotten assistant
         raise NoAssistantError(f"drafting was asked for ({'preset=' + repr(preset) if preset is not None else ''}"
@@ -202,9 +286,10 @@ def generate(
     sp = sp.resolved(n_ctx)
     if max_tokens == UNTIL_FULL:
         max_tokens = n_ctx - len(tokens)
-    it = _pieces(model, context, tokens, sp, max_tokens, stops, opts, env_trace() if trace is None else trace, cancel,
-                 prompt_progress, None if logprobs is None else LogprobRecorder(logprobs, model.token_to_piece),
-                 None if compiled is None else TokenConstraint(model, compiled), special_tokens, stream)
+    it = generation_pieces(model, context, tokens, sp, max_tokens, stops, opts,
+                           env_trace() if trace is None else trace, cancel, prompt_progress,
+                           None if logprobs is None else LogprobRecorder(logprobs, model.token_to_piece),
+                           None if compiled is None else TokenConstraint(model, compiled), special_tokens, stream)
     if stream:
         return it
     pieces = list(it)
@@ -213,90 +298,3 @@ def generate(
     return GenerationResult(text="".join(pieces), tokens=[t for p in pieces for t in p.tokens],
                             stats=last.stats, finish_reason=last.finish_reason,
                             logprobs=None if logprobs is None else [lp for p in pieces for lp in p.logprobs or []])
-
-
-def _pieces(model: LlamaModel, context: Context | None, prompt: list[int], sp: SamplingParams, max_tokens: int,
-            stops: list[str], opts: DraftParams, trace: Any, cancel: Callable[[], bool] | None,
-            prompt_progress: Callable[[int, int], None] | None = None,
-            recorder: LogprobRecorder | None = None,
-            constraint: TokenConstraint | None = None, special_tokens: Collection[int] = (),
-            stream: bool = True) -> Iterator[TextPiece]:
-    stats = GenerationStats(n_prompt=len(prompt))
-    tracer = Tracer.open(trace)
-    text = TextAssembler(model, stops, special_tokens)
-    finish = "length"
-    stopped_in_prompt = False
-
-    def on_prompt(done: int, total: int) -> bool:
-        nonlocal stopped_in_prompt
-        if prompt_progress is not None:
-            prompt_progress(done, total)
-        stopped_in_prompt = cancel is not None and bool(cancel())
-        return not stopped_in_prompt
-
-    watch = on_prompt if prompt_progress is not None or cancel is not None else None
-    t0 = time.perf_counter()
-    # the generation owns its context from here to its end (a suspended stream included): a fresh or
-    # idle one of the model's pool, or the caller's, refused with ContextBusyError if another owns it
-    lease = model.generation_context() if context is None else context.generation_claim(stream)
-    with lease as leased, sampler_for(sp, model.n_vocab, model.vocab) as sampler:
-        ctx = leased if context is None else context
-        rounds = token_rounds(ctx, prompt, sampler, max_tokens, opts, stats, tracer,
-                              prompt_progress=watch, logprobs=recorder,
-                              constraint=constraint) if max_tokens > 0 else iter(())
-        try:
-            while True:
-                # the context's lock for one round, not across the yield: a caller suspending the
-                # stream must not keep others' plain calls on this context waiting
-                with ctx.generation_round():
-                    toks = next(rounds, None)
-                if toks is None:
-                    if stopped_in_prompt:
-                        finish = "cancelled"
-                    elif stats.hit_eog:
-                        finish = "stop"
-                    break
-                piece = text.feed(toks)
-                lps = None if recorder is None else recorder.take(len(toks))
-                if text.stopped:
-                    finish = "stop"
-                    yield TextPiece(piece, toks, logprobs=lps)
-                    break
-                if cancel is not None and cancel():
-                    finish = "cancelled"
-                    yield TextPiece(piece, toks, logprobs=lps)
-                    break
-                if piece or toks:
-                    yield TextPiece(piece, toks, logprobs=lps)
-        except GeneratorExit:
-            finish = "cancelled"
-            raise
-        finally:
-            if hasattr(rounds, "close"):
-                with ctx.generation_round():
-                    rounds.close()
-            tracer.close()
-            stats.t_total = time.perf_counter() - t0
-    yield TextPiece(text.flush(), [], stats, finish, logprobs=None if recorder is None else [])
-
-
-def chat(model: LlamaModel, messages: Sequence[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
-         chat_template: str | None = None, chat_template_kwargs: dict[str, Any] | None = None,
-         **kwargs: Any) -> GenerationResult | Iterator[TextPiece]:
-    """Apply the model's chat template (jinja2; ``chat_template``: a template source instead of the
-    GGUF's) to ``messages``, with OpenAI-style ``tools`` and ``chat_template_kwargs`` (e.g.
-    ``{"enable_thinking": True}``) passed to the template, and generate the reply. A whole result's
-    ``message`` is the reply as OpenAI's assistant message: ``content``, ``reasoning_content`` (the
-    thinking channel) and, when ``tools`` were offered, ``tool_calls``; a stream yields the raw text
-    (split it with :class:`mtp_bindings.chat_reply.ReplyStream`). Tools offered with a GGUF template
-    that cannot declare them: a Gemma 4 model uses the package's Gemma 4 template, another model's
-    template is used with a logged warning. An assistant's ``content: None`` renders as empty; an
-    image or audio content part raises :class:`~mtp_bindings.exceptions.TextOnlyError`."""
-    prompt = chat_prompt(model, messages, ChatOptions(tools, chat_template, chat_template_kwargs or {}))
-    for key, value in CHAT_TOKENIZE.items():
-        kwargs.setdefault(key, value)
-    kwargs.setdefault("special_tokens", reply_markers(model))
-    out = generate(model, prompt.text, **kwargs)
-    if isinstance(out, GenerationResult):
-        out.message = parse_reply(out.text, tools=bool(tools), prefix=prompt.reply_prefix).message()
-    return out

@@ -4,7 +4,7 @@ What a logprob is here: the log-softmax of the target's raw logits at the token'
 the model's own distribution, before ``logit_bias``, penalties, temperature and truncation, as
 llama-server reports ``n_probs`` and OpenAI its ``logprobs``. Speculative decoding does not
 change it: a drafted token that verification accepts has its row from the verify batch, which
-equals the one-token decode's row bit for bit (see :func:`mtp_bindings.params.resolve_flash_attn`),
+equals the one-token decode's row bit for bit (see :func:`mtp_bindings.config.params.resolve_flash_attn`),
 so MTP on and off give the same logprobs.
 
 Cost: only when asked for, and only for emitted rows (one max, one exp-sum over the vocabulary
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..params import LOGPROBS_MAX as TOP_LOGPROBS_MAX
+from ..config.params import LOGPROBS_MAX as TOP_LOGPROBS_MAX
 
 
 Piece = Callable[[int], bytes]  # a token's bytes as the text shows it (the model's token_to_piece)

@@ -13,8 +13,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ..context import Context
-from ..params import DraftParams
+from ..llama_context import LlamaContext
+from ..config.params import DraftParams
 from .constraint import TokenConstraint
 from .controller import RoundCost, make_draft_count
 from .drafter import Proposal, make_drafter
@@ -33,7 +33,7 @@ def plan(draft_n_max: int, remaining: int, attn_pos: int, n_ctx: int) -> int:
     return max(0, min(draft_n_max, remaining - 1, n_ctx - attn_pos - 2))
 
 
-def token_rounds(ctx: Context, prompt: Sequence[int], sampler: Sampler, max_tokens: int, opts: DraftParams,
+def token_rounds(ctx: LlamaContext, prompt: Sequence[int], sampler: Sampler, max_tokens: int, opts: DraftParams,
                  stats: GenerationStats, tracer: Tracer, seq_id: int = 0,
                  prompt_progress: PromptProgress | None = None,
                  logprobs: LogprobRecorder | None = None,

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..context import Context
+from ..llama_context import LlamaContext
 
 PromptProgress = Callable[[int, int], "bool | None"]
 
 
-def prefill(ctx: Context, prompt: Sequence[int], seq_id: int, hidden: bool,
+def prefill(ctx: LlamaContext, prompt: Sequence[int], seq_id: int, hidden: bool,
             progress: PromptProgress | None = None, n_keep: int = 0) -> bool:
     """Keep the first ``n_keep`` tokens of ``seq_id`` (a cached prefix of ``prompt``, at most
     ``len(prompt) - 1``), remove the rest, and decode ``prompt[n_keep:]`` after them; the last
@@ -34,7 +34,7 @@ def prefill(ctx: Context, prompt: Sequence[int], seq_id: int, hidden: bool,
     return True
 
 
-def _decode_prompt(ctx: Context, tokens: list[int], start: int, seq_id: int,
+def _decode_prompt(ctx: LlamaContext, tokens: list[int], start: int, seq_id: int,
                    progress: PromptProgress | None) -> bool:
     """Decode ``tokens[start:]`` (no outputs) batch by batch, as :meth:`Context.decode` splits it,
     telling ``progress(done, total)`` after each batch (``done`` counts the ``start`` tokens kept

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..context import Context
+from ..llama_context import LlamaContext
 
 KEY = "prompt_cache"
 
@@ -23,7 +23,7 @@ KEY = "prompt_cache"
 class PromptCache:
     """The tokens whose KV each sequence of one context holds (positions ``0..len - 1``)."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: LlamaContext) -> None:
         self.ctx = ctx
         self.held: dict[int, list[int]] = {}
         # Any edit may have removed or shifted cells of a recorded prefix: forget them all (the
@@ -57,14 +57,14 @@ class PromptCache:
         return self.ctx.seq_pos_min(seq_id) <= first_needed
 
 
-def prompt_cache(ctx: Context) -> PromptCache:
+def prompt_cache(ctx: LlamaContext) -> PromptCache:
     """The context's :class:`PromptCache` (created on first use)."""
     cache = ctx.extension(KEY, PromptCache)
     assert cache is not None
     return cache
 
 
-def cached_prefix(ctx: Context, tokens: Sequence[int], seq_id: int = 0) -> int:
+def cached_prefix(ctx: LlamaContext, tokens: Sequence[int], seq_id: int = 0) -> int:
     """How many leading ``tokens`` the record of ``ctx``'s sequence matches (0 without one): to pick
     a context for a prompt. Pure Python, no native call: safe from another thread while ``ctx`` is
     idle."""

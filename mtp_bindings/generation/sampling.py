@@ -6,7 +6,7 @@ own samplers in llama-server's order) keeps candidates and their logits, and
 token id) whatever order the chain left them in, so that a draw depends only on the distribution and
 the random number. :meth:`Sampler.sample` draws one token (at temperature 0 the highest logit, no
 draw); verifying drafted tokens is :mod:`.rejection`'s job. The settings are
-:class:`~mtp_bindings.params.SamplingParams`.
+:class:`~mtp_bindings.config.params.SamplingParams`.
 
 The chain is anything with :class:`Chain`'s shape, so this module is pure numpy: the tests give it a
 chain of their own where llama.cpp's is not the point.
@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..params import SamplingParams
+from ..config.params import SamplingParams
 
 _SORT_MAX = 4096  # more candidates than this are put in id order by a scatter over the vocabulary, not a sort
 

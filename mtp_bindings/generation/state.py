@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import _native
-from .._native import ffi, lib
-from ..context import Context
+from ..native import _native
+from ..native._native import ffi, lib
+from ..llama_context import LlamaContext
 from ..exceptions import ContextError, InvalidParameterError, TokenizeError
 from ..mtp import current_session
 from .prompt_cache import prompt_cache
@@ -41,7 +41,7 @@ class StateIO:
     ms: float
 
 
-def _drain(ctx: Context) -> None:
+def _drain(ctx: LlamaContext) -> None:
     """Let the drafting request in flight finish before the KV is read. A save changes nothing, so
     the request's owner still gets its drafts: waiting on the handle keeps them for its ``wait()``."""
     session = current_session(ctx)
@@ -50,7 +50,7 @@ def _drain(ctx: Context) -> None:
         handle.wait()
 
 
-def save_state(ctx: Context, path: str | os.PathLike[str], *, seq_id: int = 0,
+def save_state(ctx: LlamaContext, path: str | os.PathLike[str], *, seq_id: int = 0,
                tokens: Sequence[int] | None = None) -> StateIO:
     """Write sequence ``seq_id`` of ``ctx`` (its KV cells and ``tokens``, default those the prompt
     cache recorded) to ``path``."""
@@ -73,7 +73,7 @@ def save_state(ctx: Context, path: str | os.PathLike[str], *, seq_id: int = 0,
     return StateIO(toks.tolist(), n, (time.perf_counter() - t0) * 1e3)
 
 
-def load_state(ctx: Context, path: str | os.PathLike[str], *, seq_id: int = 0) -> StateIO:
+def load_state(ctx: LlamaContext, path: str | os.PathLike[str], *, seq_id: int = 0) -> StateIO:
     """Replace sequence ``seq_id`` of ``ctx`` with the one saved at ``path`` (by
     :func:`save_state`, on a context of the same model); its tokens go to the prompt cache."""
     p = Path(path)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..context import Context
+from ..llama_context import LlamaContext
 
 
 class Verifier:
     """Verifies drafts on ``ctx``'s sequence ``seq_id``."""
 
-    def __init__(self, ctx: Context, seq_id: int, h_idx: str) -> None:
+    def __init__(self, ctx: LlamaContext, seq_id: int, h_idx: str) -> None:
         self.ctx = ctx
         self.seq_id = seq_id
         self.h_idx = h_idx

@@ -1,7 +1,7 @@
 """An OpenAI-compatible HTTP server over the generation driver (``mtp-bindings serve``).
 
 Why it exists: most Python LLM tooling talks to models through the OpenAI HTTP API. This module
-puts one loaded :class:`~mtp_bindings.model.Model` (optionally with its MTP assistant) behind
+puts one loaded :class:`~mtp_bindings.llama_model.Model` (optionally with its MTP assistant) behind
 that API, so those tools get MTP speculative decoding without code changes.
 
 Endpoints:
@@ -19,8 +19,8 @@ Endpoints:
   (:mod:`.native_routes`), and ``POST /apply-template`` (a chat request's prompt, ``{"prompt"}``).
 
 Chats are rendered with the GGUF's template, ``serve --chat-template FILE``'s, or Gemma 4's format
-(:mod:`mtp_bindings.chat_template`), with the request's ``tools`` and ``chat_template_kwargs``; the
-reply is split (:mod:`mtp_bindings.chat_reply`) into ``content``, ``reasoning_content`` (the thinking
+(:mod:`mtp_bindings.chat.template`), with the request's ``tools`` and ``chat_template_kwargs``; the
+reply is split (:mod:`mtp_bindings.chat.reply`) into ``content``, ``reasoning_content`` (the thinking
 channel) and ``tool_calls`` (``tool_choice`` ``auto`` or ``none``), whole and streamed.
 
 Requests take the OpenAI fields that map onto :func:`~mtp_bindings.generation.driver.generate`
@@ -58,7 +58,7 @@ once (queued or running) and answers each open request with a 503 ``server_shutt
 
 Logprobs and ``usage.completion_tokens`` count the tokens of the returned text: a stop string's
 tokens are in neither (:mod:`.accounting`); ``timings.predicted_n`` counts every token decoded.
-Sampling defaults are the library's one set (:data:`mtp_bindings.params.SAMPLING_DEFAULTS`), and a request
+Sampling defaults are the library's one set (:data:`mtp_bindings.config.params.SAMPLING_DEFAULTS`), and a request
 samples with llama-server's sampler order through llama.cpp's own chain (:mod:`mtp_bindings.generation.chain`).
 
 Security: binds 127.0.0.1 unless told otherwise; with ``api_key`` set every route but

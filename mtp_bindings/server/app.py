@@ -24,11 +24,11 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..chat_template import check_template
+from ..chat.template import check_template
 from ..exceptions import InvalidParameterError
-from ..limits import SERVER_N_PREDICT
-from ..params import EMBD_NORMALIZE, EMBED_POOLING, ContextParams, DraftParams
-from ..threads import threads_per_slot
+from ..config.limits import SERVER_N_PREDICT
+from ..config.params import EMBD_NORMALIZE, EMBED_POOLING, ContextParams, DraftParams
+from ..config.threads import threads_per_slot
 from .auth import BearerKey
 from .embeddings import EMBEDDING_ROUTES, add_embedding_routes
 from .errors import APIError, ClientGone
@@ -76,8 +76,8 @@ def create_app(
     """The FastAPI app serving ``model`` (already loaded, assistant attached or not) as
     ``model_name``. A request that sets no length limit gets at most ``n_predict`` tokens (-1:
     until the context is full). ``n_slots`` contexts of ``n_ctx`` tokens (KV types and flash attention as in
-    :class:`~mtp_bindings.context.ContextParams`; ``n_threads`` is the budget all slots share,
-    default the usable CPUs, see :func:`~mtp_bindings.threads.threads_per_slot`; ``n_threads_batch``, the
+    :class:`~mtp_bindings.llama_context.ContextParams`; ``n_threads`` is the budget all slots share,
+    default the usable CPUs, see :func:`~mtp_bindings.config.threads.threads_per_slot`; ``n_threads_batch``, the
     prompt's budget, is shared the same way, default as ``n_threads``) are created when the app starts
     and freed when it stops; the model stays the caller's. Drafting defaults (``draft_n_max``,
     ``preset``, ``depth2``, ``skip_streak``) are :func:`generate`'s; requests may override

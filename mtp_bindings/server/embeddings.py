@@ -5,7 +5,7 @@ One job: these routes' bodies, over :mod:`mtp_bindings.embeddings` (a context of
 generation slot's). As llama-server: without ``--embeddings`` they answer 501 ``not_supported_error``;
 ``/v1/embeddings`` refuses pooling ``none`` (one vector per token is not OpenAI's shape), the native
 routes return it; pooled vectors are normalised with the request's ``embd_normalize`` (default
-:data:`~mtp_bindings.params.EMBD_NORMALIZE`, L2), per-token ones are not. ``input`` (or the native
+:data:`~mtp_bindings.config.params.EMBD_NORMALIZE`, L2), per-token ones are not. ``input`` (or the native
 ``content``) is a string, a token list, or a list of either. ``dimensions`` (which would change the
 vectors) is refused; ``user`` and other unknown fields are hints and are ignored.
 """
@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from ..embeddings import Embedder, as_token_lists, check_norm, embedder_for, normalize_vector
 from ..exceptions import ContextOverflowError, InvalidParameterError, TokenizeError
-from ..params import EMBD_NORMALIZE, EMBED_POOLING
+from ..config.params import EMBD_NORMALIZE, EMBED_POOLING
 from .auth import BearerKey
 from .errors import APIError
 from .handlers import Server

@@ -21,9 +21,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
-from ..chat_template import ChatOptions, reply_markers
+from ..chat.template import ChatOptions, reply_markers
 from ..exceptions import InvalidParameterError, TokenizeError
-from ..limits import SERVER_N_PREDICT
+from ..config.limits import SERVER_N_PREDICT
 from .accounting import TextTokens, token_renderer
 from .errors import APIError, ClientGone, generation_error, shutting_down_error
 from .metrics import ServerMetrics

@@ -23,7 +23,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import Field
 
-from ..params import LOGPROBS_MAX
+from ..config.params import LOGPROBS_MAX
 from .accounting import TextTokens
 from .errors import generation_error
 from .handlers import Server

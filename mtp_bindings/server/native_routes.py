@@ -14,9 +14,9 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from .. import __version__
-from ..chat_template import GEMMA_TEMPLATE
-from ..params import SAMPLER_ORDER, SAMPLING_DEFAULTS
-from ..presets import resolve_preset
+from ..chat.template import GEMMA_TEMPLATE
+from ..config.params import SAMPLER_ORDER, SAMPLING_DEFAULTS
+from ..config.presets import resolve_preset
 from .params import DraftDefaults
 from .schemas import _STRICT
 

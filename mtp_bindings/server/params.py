@@ -2,7 +2,7 @@
 with for it.
 
 One job: merge a validated request with the server's settings. Where the request says nothing,
-the library's defaults (:data:`mtp_bindings.params.SAMPLING_DEFAULTS`, the one set every front
+the library's defaults (:data:`mtp_bindings.config.params.SAMPLING_DEFAULTS`, the one set every front
 end shares, ``temperature`` included) apply, the server's drafting defaults
 (:class:`DraftDefaults`) to drafting, and the server's ``n_predict`` is the length of a request
 that sets no limit.
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..params import SAMPLING_DEFAULTS, DraftParams, check_draft_overrides
-from ..presets import resolve_preset
+from ..config.params import SAMPLING_DEFAULTS, DraftParams, check_draft_overrides
+from ..config.presets import resolve_preset
 from .schemas import GenerationRequest
 
 

@@ -1,17 +1,17 @@
 """Prompts as tokens: how a chat's messages or a completion's prompt becomes the token ids a
 slot generates from.
 
-One job: tokenize exactly as :func:`~mtp_bindings.generation.driver.chat` and
+One job: tokenize exactly as :func:`~mtp_bindings.generation.chat.chat` and
 :func:`~mtp_bindings.generation.driver.generate` do in-process, so the server's output equals the
 library's for the same request: chats by the library's one rule
-(:func:`mtp_bindings.chat_template.chat_tokens`), text prompts as ``generate`` tokenizes them.
+(:func:`mtp_bindings.chat.template.chat_tokens`), text prompts as ``generate`` tokenizes them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..chat_template import CHAT_TOKENIZE, ChatOptions, chat_prompt, chat_tokens
+from ..chat.template import CHAT_TOKENIZE, ChatOptions, chat_prompt, chat_tokens
 
 __all__ = ["chat_prompt", "chat_prompt_tokens", "chat_tokens", "completion_tokens"]
 

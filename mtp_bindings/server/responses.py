@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..chat_reply import ReplyStream, ToolCall, parse_reply
+from ..chat.reply import ReplyStream, ToolCall, parse_reply
 from .logprobs import Piece, chat_logprobs, completion_logprobs
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class Reply:
     with ``piece`` (a token's bytes) it reports logprobs, text offsets counted from ``offset``.
     A chat reply is split into content, ``reasoning_content`` and (``tools``: the request offered
     tools) ``tool_calls``, parsed from the generation prompt's ``prefix`` on
-    (:mod:`mtp_bindings.chat_reply`)."""
+    (:mod:`mtp_bindings.chat.reply`)."""
 
     chat: bool
     model_name: str

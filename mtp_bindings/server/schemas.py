@@ -6,7 +6,7 @@ types are strict (``"0.5"`` is not a number, ``true`` is not an int) so that a c
 :func:`parse_body` turns bad JSON and validation errors into OpenAI-style 400s.
 
 Bounds have one source: a field that is a library parameter takes its range from
-:mod:`mtp_bindings.params` (:func:`library_range`), narrowed only where OpenAI documents a
+:mod:`mtp_bindings.config.params` (:func:`library_range`), narrowed only where OpenAI documents a
 narrower one (temperature 0..2, penalties -2..2). The request-only rules are here: ``-1`` for
 llama.cpp's "random seed" and "the whole context" (``seed``, ``repeat_last_n``), ``logit_bias``
 in OpenAI's -100..100, at most 16 stop strings, one choice.
@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..exceptions import InvalidParameterError
-from ..params import LOGPROBS_MAX, DraftParams, SamplingParams
+from ..config.params import LOGPROBS_MAX, DraftParams, SamplingParams
 from ..generation.constraint import Grammar
 from .errors import APIError
 from .structured import JSONSchemaFormat, ResponseFormat, request_grammar
@@ -36,7 +36,7 @@ OPENAI_PENALTY_RANGE = (-2.0, 2.0)
 
 def library_range(cls: type, name: str, lo: float | None = None, hi: float | None = None) -> dict[str, float]:
     """pydantic bounds (``ge``/``gt``, ``le``) for a request field that is the library's parameter
-    ``name`` of ``cls`` (a dataclass of :mod:`mtp_bindings.params`): the ``min``/``max`` of its
+    ``name`` of ``cls`` (a dataclass of :mod:`mtp_bindings.config.params`): the ``min``/``max`` of its
     metadata, with ``lo``/``hi`` narrowing them. A minimum is exclusive when the library refuses
     the minimum itself (``top_p`` 0): the library, not a second table here, says so."""
     meta = next(f.metadata for f in fields(cls) if f.name == name)

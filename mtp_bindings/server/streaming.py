@@ -1,7 +1,7 @@
 """Server-sent events: a generation streamed as ``data: {chunk}`` lines, then ``data: [DONE]``.
 
 One job: turn a job's pieces into SSE bytes (a chat's split into content, reasoning and tool-call
-deltas by :class:`~mtp_bindings.chat_reply.ReplyStream`), and make sure a stream that ends for any
+deltas by :class:`~mtp_bindings.chat.reply.ReplyStream`), and make sure a stream that ends for any
 reason (finished, client gone, server error) cancels its job, so a slot never generates for nobody.
 """
 

@@ -23,7 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from ..params import SAMPLER_ORDER
+from ..config.params import SAMPLER_ORDER
 from .errors import APIError
 
 _NEGATIVE_OFF = "negative"  # an ``off`` marker: any negative number asks for nothing

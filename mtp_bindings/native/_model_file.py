@@ -1,5 +1,5 @@
 """Reading a model file and llama.cpp's out-parameters: the GGUF check before a load, the load's
-progress callback, and the buffers that grow until a getter's text fits (used by :mod:`.model`)."""
+progress callback, and the buffers that grow until a getter's text fits (used by :mod:`..llama_model`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ._native import ffi
-from .exceptions import AssistantFileNotFoundError, AssistantLoadError, ModelFileNotFoundError, ModelLoadError
+from ..exceptions import AssistantFileNotFoundError, AssistantLoadError, ModelFileNotFoundError, ModelLoadError
 
 ProgressCallback = Callable[[float], "bool | None"]
 

@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from . import _native
-from ._handle import NativeHandle
-from ._model_file import (GGUF_MAGIC, ProgressCallback, _c_string, _tqdm_progress, check_gguf_file,  # noqa: F401
-                          negative_needs, read_grown, snprintf_needs)
-from ._native import ffi, lib
-from .context import Context
-from .devices import add_rpc_servers, parse_rpc_servers, placement_array
+from .native import _native
+from .native._handle import NativeHandle
+from .native._model_file import (GGUF_MAGIC, ProgressCallback, _c_string, _tqdm_progress, check_gguf_file,  # noqa: F401
+                                 negative_needs, read_grown, snprintf_needs)
+from .native._native import ffi, lib
+from .llama_context import LlamaContext
+from .native.devices import add_rpc_servers, parse_rpc_servers, placement_array
 from .exceptions import (
     ContextError,
     InvalidParameterError,
@@ -34,8 +34,8 @@ from .exceptions import (
     NotATargetModelError,
     TokenizeError,
 )
-from .limits import DEFAULT_N_CTX, default_n_ctx
-from .params import ContextParams
+from .config.limits import DEFAULT_N_CTX, default_n_ctx
+from .config.params import ContextParams
 
 logger = logging.getLogger("mtp_bindings")
 
@@ -56,10 +56,10 @@ class LlamaModel(NativeHandle):
         path: the GGUF.
         n_gpu_layers: layers to offload to a GPU backend (-1 = all); CPU builds ignore it.
         devices: the devices to offload to (llama.cpp's ``--device``: names, ``"CUDA0,CUDA1"``,
-            or ``"none"``; default all), see :mod:`mtp_bindings.devices`.
+            or ``"none"``; default all), see :mod:`mtp_bindings.native.devices`.
         rpc_servers: ggml ``rpc-server`` workers whose devices join the device list (llama.cpp's
             ``--rpc``: ``"host1:50052,host2:50052"`` or a list), first, so that ``n_gpu_layers`` splits
-            the layers across them; see :func:`mtp_bindings.devices.add_rpc_servers` (an unreachable one is
+            the layers across them; see :func:`mtp_bindings.native.devices.add_rpc_servers` (an unreachable one is
             an :class:`~mtp_bindings.exceptions.RPCServerError`). An attached assistant follows them.
         use_mmap: map the file instead of reading it.
         repack: let llama.cpp put weights in its repacked CPU layouts (AMX where the CPU has it), its
@@ -68,19 +68,19 @@ class LlamaModel(NativeHandle):
         progress: a callable ``f(fraction) -> bool | None`` (return False to abort), or True
             for a progress bar.
         verbose: forward llama.cpp's log lines to the ``mtp_bindings.native`` logger.
-        **context: :class:`~mtp_bindings.params.ContextParams` fields (``n_ctx``, ``n_threads``,
+        **context: :class:`~mtp_bindings.config.params.ContextParams` fields (``n_ctx``, ``n_threads``,
             ``n_threads_batch``, ``n_batch``, ``n_ubatch``, ``type_k``, ``type_v``, ``flash_attn``, ...), as
             llama-cpp-python's ``Llama(...)`` takes them: the defaults of every context made on this model
             (:meth:`create_context`'s own arguments win), those ``generate`` / ``chat`` make included.
             ``n_ctx=0`` is the model's training context (llama.cpp's meaning). Without ``n_ctx`` a
-            generation context holds :data:`~mtp_bindings.limits.DEFAULT_N_CTX` tokens (or the training
+            generation context holds :data:`~mtp_bindings.config.limits.DEFAULT_N_CTX` tokens (or the training
             context if shorter): its KV cache is allocated in full when it is made.
     """
 
     closed_error = ModelLoadError
     kind = "model"
     # what create_context makes: a layer above may offer a richer context
-    context_type: type[Context] = Context
+    context_type: type[LlamaContext] = LlamaContext
 
     def __init__(
         self,
@@ -98,8 +98,8 @@ class LlamaModel(NativeHandle):
     ) -> None:
         self._ptr = ffi.NULL
         self._lock = threading.Lock()
-        self._contexts: weakref.WeakSet[Context] = weakref.WeakSet()
-        self._idle: list[Context] = []  # the generation pool's idle contexts (see generation_context)
+        self._contexts: weakref.WeakSet[LlamaContext] = weakref.WeakSet()
+        self._idle: list[LlamaContext] = []  # the generation pool's idle contexts (see generation_context)
         # guards _idle only; re-entrant: a stream collected by the GC hands its context back from
         # whatever code this thread runs then, even code holding this lock
         self._pool_lock = threading.RLock()
@@ -346,9 +346,9 @@ class LlamaModel(NativeHandle):
 
     # --- contexts ---------------------------------------------------------------------------------
 
-    def create_context(self, params: ContextParams | None = None, **kwargs: Any) -> Context:
+    def create_context(self, params: ContextParams | None = None, **kwargs: Any) -> LlamaContext:
         """A new context on this model (a :attr:`context_type`; keyword arguments are
-        :class:`~mtp_bindings.params.ContextParams` fields, over the model's :attr:`context_settings`)."""
+        :class:`~mtp_bindings.config.params.ContextParams` fields, over the model's :attr:`context_settings`)."""
         if self.vocab_only:
             raise ContextError("a vocab_only model cannot have contexts")
         if params is None:
@@ -370,11 +370,11 @@ class LlamaModel(NativeHandle):
     @property
     def generation_n_ctx(self) -> int:
         """The tokens a context that ``generate`` / ``chat`` make holds: the model's ``n_ctx`` setting,
-        else :data:`~mtp_bindings.limits.DEFAULT_N_CTX` capped at the training context."""
+        else :data:`~mtp_bindings.config.limits.DEFAULT_N_CTX` capped at the training context."""
         return self.context_settings.get("n_ctx") or default_n_ctx(self.n_ctx_train)
 
     @contextmanager
-    def generation_context(self) -> Iterator[Context]:
+    def generation_context(self) -> Iterator[LlamaContext]:
         """A context of the model's pool, owned for one generation (``generate`` without a
         ``context``): an idle one (the most recently used first: its prompt cache is the warmest),
         else a fresh one -- so overlapping generations (two streams, or two threads) each get their

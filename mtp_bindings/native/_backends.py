@@ -27,11 +27,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .exceptions import CPUVariantError
+from ..exceptions import CPUVariantError
 
 logger = logging.getLogger("mtp_bindings.native")
 
-LIB_DIR = Path(__file__).parent / "lib"
+LIB_DIR = Path(__file__).parent.parent / "lib"
 _VARIANT_FILE = re.compile(r"^libggml-cpu-([A-Za-z0-9_]+)\.so$")
 # in lib/ but not backend modules: the core libraries, and the native build's linked CPU backend
 _NOT_MODULES = {"libggml.so", "libggml-base.so", "libggml-cpu.so"}

@@ -14,7 +14,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from .exceptions import InvalidParameterError
+from ..exceptions import InvalidParameterError
 
 
 class TemplateError(InvalidParameterError):

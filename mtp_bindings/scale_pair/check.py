@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _scale_tensors as st
-from .api import Model
-from .generation.agreement import compare_greedy
-from .models import ASSISTANT, TARGET
+from . import tensors as st
+from ..api import Model
+from ..generation.agreement import compare_greedy
+from ..models import ASSISTANT, TARGET
 
 PROMPTS = (
     "def main(argv):\n",
@@ -99,7 +99,7 @@ def pad_probability(logits: np.ndarray, n_real: int) -> float:
 def check(pair: Any, config: Any, wtype: str = "f16", *, target: Path | None = None,
           assistant: Path | None = None, n_threads: int | None = None) -> dict[str, Any]:
     """Compare the trained pair with ``pair``'s ``wtype`` files; returns the figures and ``ok``.
-    ``pair`` is a :class:`~mtp_bindings.scale_pair.ScaledPair` and ``config`` its ``ScaleConfig``
+    ``pair`` is a :class:`~mtp_bindings.scale_pair.build.ScaledPair` and ``config`` its ``ScaleConfig``
     (typed loosely: scale_pair imports this module, so importing it back would be a cycle)."""
     start = time.perf_counter()
     src_t = target or TARGET

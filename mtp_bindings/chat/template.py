@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .builtin_templates import apply_builtin_template, is_builtin_template
-from .chat_reply import MARKERS, reply_prefix
-from .exceptions import InvalidParameterError, TextOnlyError
+from .reply import MARKERS, reply_prefix
+from ..exceptions import InvalidParameterError, TextOnlyError
 from .gemma4_template import GEMMA4_TEMPLATE
-from .model import LlamaModel
+from ..llama_model import LlamaModel
 from .template_env import template_environment
 
 # A rendered chat prompt already holds its BOS and turn markers as text: add nothing, and parse the
@@ -51,7 +51,7 @@ class ChatOptions:
 @dataclass(frozen=True)
 class ChatPrompt:
     """A rendered chat: the prompt ``text`` and the ``reply_prefix`` its reply is parsed from
-    (:func:`mtp_bindings.chat_reply.reply_prefix`)."""
+    (:func:`mtp_bindings.chat.reply.reply_prefix`)."""
 
     text: str
     reply_prefix: str

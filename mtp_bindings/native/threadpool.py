@@ -20,8 +20,8 @@ from typing import Any
 from . import _native
 from ._handle import NativeHandle
 from ._native import ffi, lib
-from .exceptions import InvalidParameterError, MTPBindingsError
-from .params import THREADS_MAX, valid_thread_count
+from ..exceptions import InvalidParameterError, MTPBindingsError
+from ..config.params import THREADS_MAX, valid_thread_count
 
 # ggml_sched_priority by name; "realtime" needs the privilege to raise priorities (ggml warns without it)
 PRIORITIES = {"low": lib.GGML_SCHED_PRIO_LOW, "normal": lib.GGML_SCHED_PRIO_NORMAL,

@@ -14,8 +14,8 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._native import ffi, lib
-from .exceptions import InvalidParameterError
+from ..native._native import ffi, lib
+from ..exceptions import InvalidParameterError
 
 
 @functools.lru_cache(maxsize=1)

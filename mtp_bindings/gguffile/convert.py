@@ -1,5 +1,7 @@
 """Hugging Face -> GGUF conversion with the patched llama.cpp converter bundled in the package
-(it keeps the Gemma 4 assistant's centroid head). Needs torch and safetensors at run time."""
+(it keeps the Gemma 4 assistant's centroid head), run in a subprocess whose ``PYTHONPATH`` holds the
+converter's own gguf-py (``_convert/gguf-py``): the only place that copy is used, never this
+process's ``sys.path``. Needs the ``convert`` extra (torch, safetensors) at run time."""
 
 from __future__ import annotations
 
@@ -8,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .exceptions import MTPBindingsError
+from ..exceptions import MTPBindingsError
 
-CONVERTER_DIR = Path(__file__).parent / "_convert"
+CONVERTER_DIR = Path(__file__).parent.parent / "_convert"
 
 
 class ConversionError(MTPBindingsError):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from .exceptions import InvalidParameterError
+from ..exceptions import InvalidParameterError
 from .limits import DEFAULT_N_CTX
 
 # The C API's LLAMA_MTP_MAX_STEPS: the most tokens one MTP request drafts.
@@ -246,6 +246,22 @@ class DraftParams:
         check_bounds(self)
         if self.h_idx not in H_IDX_CHOICES:
             raise InvalidParameterError(f"h_idx must be 'accepted' or 'last', got {self.h_idx!r}")
+
+
+@dataclass(frozen=True)
+class SpeculativeParams:
+    """How a generation drafts (as vLLM's ``speculative_config``): each field left None takes the
+    preset's value, or the environment's (``LLAMA_PIPELINE_DEPTH2``,
+    ``LLAMA_MTP_SKIP_STREAK_THRESHOLD``). ``preset``: a name of :mod:`mtp_bindings.config.presets`
+    (default ``auto``: each round drafts the count, up to ``draft_n_max``, with the most expected
+    tokens/s); ``draft_n_max`` alone: a fixed count per round (0: plain decoding); ``depth2``: overlap
+    the next round's draft with this round's verify; ``skip_streak``: skip drafting for a round after
+    this many zero-accept rounds (0: never). Bounds: :class:`DraftParams`'."""
+
+    preset: str | None = None
+    draft_n_max: int | None = None
+    depth2: bool | None = None
+    skip_streak: int | None = None
 
 
 def check_draft_overrides(draft_n_max: int | None = None, skip_streak: int | None = None) -> None:

@@ -24,8 +24,8 @@ from typing import Any
 
 from . import _native
 from ._native import ffi, lib
-from .exceptions import InvalidParameterError, RPCServerError
-from .params import RPC_TIMEOUT_S
+from ..exceptions import InvalidParameterError, RPCServerError
+from ..config.params import RPC_TIMEOUT_S
 
 logger = logging.getLogger("mtp_bindings")
 

@@ -9,22 +9,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 
-from ._scale_tensors import Lazy
-from .exceptions import ModelLoadError
+from .tensors import Lazy
+from ..exceptions import ModelLoadError
 
 logger = logging.getLogger(__name__)
 
 #: llama_ftype of each quantized weight type (q4_K: the Q4_K_M mix real E2B users run).
 FTYPES = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_K": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
 VOCAB_PAD_KEY = "tokenizer.ggml.vocab_pad"  # pseudo key: pad the token lists to this size
-
-
-def _gguf() -> Any:
-    from .gguf_tools import _gguf as load
-
-    return load()
 
 
 @dataclass
@@ -55,7 +50,6 @@ class Source:
 
 def read_source(path: Path) -> Source:
     """Read a trained Gemma 4 target or assistant GGUF (f16/f32 tensors)."""
-    gguf = _gguf()
     try:
         reader = gguf.GGUFReader(str(path))
     except Exception as e:  # the reader raises ValueError, struct errors, ...
@@ -107,7 +101,6 @@ def write_gguf(path: Path, source: Source, overrides: dict[str, Any], tensors: d
     """Write ``source``'s metadata with ``overrides`` and ``tensors`` to ``path`` (via a temporary file)."""
     from tqdm import tqdm
 
-    gguf = _gguf()
     overrides = dict(overrides)
     vocab = overrides.pop(VOCAB_PAD_KEY, None)
     tmp = path.with_suffix(".tmp")
@@ -146,9 +139,9 @@ def write_gguf(path: Path, source: Source, overrides: dict[str, Any], tensors: d
 
 def quantize(src: Path, dst: Path, wtype: str, threads: int | None) -> None:
     """``llama_model_quantize`` ``src`` to ``dst`` (via a temporary file)."""
-    from ._native import clear_errors, raise_native
-    from .low_level import ensure_initialised, ffi, lib
-    from .threads import default_threads
+    from ..native._native import clear_errors, raise_native
+    from ..low_level import ensure_initialised, ffi, lib
+    from ..config.threads import default_threads
 
     ensure_initialised()
     params = lib.llama_model_quantize_default_params()

@@ -1,11 +1,11 @@
-"""``Context``: one llama.cpp inference context on a model (:class:`~mtp_bindings.model.LlamaModel`) — decode
+"""``LlamaContext``: one llama.cpp inference context on a model (:class:`~mtp_bindings.llama_model.LlamaModel`) — decode
 batches, read logits and embeddings as numpy arrays, and edit the KV memory.
 
 A context serializes its own use: calls from several threads take turns (each public method holds
 the context's lock), so two threads sharing one context get consistent, if interleaved, results.
 Give each thread its own context for parallel work.
 
-A generation owns its context from its first token to its end (:meth:`Context.generation_claim`),
+A generation owns its context from its first token to its end (:meth:`LlamaContext.generation_claim`),
 so two never interleave on one KV cache. A second generation asked of an owned context waits its
 turn when the owner is another thread's whole (non-stream) generation, which runs to its end; when
 the owner is a stream -- which its reader may keep suspended in a variable for any time -- or a
@@ -14,9 +14,10 @@ generation on the same thread, waiting could last forever, so it raises
 never meets either: the model lends it an idle context of its pool or a fresh one.
 
 A context knows nothing of drafting. Layers above it subscribe to its events instead:
-:meth:`Context.on_kv_edit` callbacks run before a destructive KV edit and :meth:`Context.on_close`
-callbacks before the native context is freed (the MTP layer drains its request in flight there).
-:attr:`Context.observer`, None by default, is told how long each native decode took (benchmarks).
+:meth:`LlamaContext.on_kv_edit` callbacks run before a destructive KV edit and :meth:`LlamaContext.on_close`
+callbacks before the native context is freed (the MTP layer drains its request in flight there); the public ``mtp_bindings.Context`` is
+:class:`~mtp_bindings.mtp.MTPContext`, this class with the drafting methods.
+:attr:`LlamaContext.observer`, None by default, is told how long each native decode took (benchmarks).
 """
 
 from __future__ import annotations
@@ -32,14 +33,14 @@ from typing import Any, Callable, Literal, Protocol, Sequence, TypeVar
 
 import numpy as np
 
-from . import _native
-from ._handle import NativeHandle
-from ._native import ffi, lib
+from .native import _native
+from .native._handle import NativeHandle
+from .native._native import ffi, lib
 from .exceptions import ContextError, ContextOverflowError, DecodeError, InvalidParameterError
-from .params import FLASH_ATTN, KV_TYPES, POOLING_TYPES, THREADS_MAX, ContextParams, valid_thread_count
+from .config.params import FLASH_ATTN, KV_TYPES, POOLING_TYPES, THREADS_MAX, ContextParams, valid_thread_count
 from .turns import GenerationTurn
-from .threads import (ADAPT_INTERVAL_S, ADAPT_SAMPLES, check_threads, default_threads, runnable_threads,
-                      threads_for_load, usable_cpus)
+from .config.threads import (ADAPT_INTERVAL_S, ADAPT_SAMPLES, check_threads, default_threads, runnable_threads,
+                             threads_for_load, usable_cpus)
 
 LogitsSelect = Literal["last", "all", "none"] | Sequence[bool]
 T = TypeVar("T")
@@ -48,7 +49,7 @@ NativeObserver = Callable[[str, float], None]
 
 
 class ModelLike(Protocol):
-    """What a context needs of its model (:class:`~mtp_bindings.model.LlamaModel` is one)."""
+    """What a context needs of its model (:class:`~mtp_bindings.llama_model.LlamaModel` is one)."""
 
     @property
     def ptr(self) -> Any: ...
@@ -81,7 +82,7 @@ def native_context_params(params: ContextParams) -> Any:
     return p
 
 
-class Context(NativeHandle):
+class LlamaContext(NativeHandle):
     """An inference context. Create it with :meth:`Model.create_context`; close it (or use
     ``with``) to free its native memory.
 
@@ -156,7 +157,7 @@ class Context(NativeHandle):
         with self._lock:
             self._before_close.append(callback)
 
-    def extension(self, key: str, factory: Callable[[Context], T] | None = None) -> T | None:
+    def extension(self, key: str, factory: Callable[[LlamaContext], T] | None = None) -> T | None:
         """Per-context state a layer above keeps here under ``key`` (the MTP layer's session):
         created by ``factory(self)`` on first use when a factory is given, else None while absent.
         Under the context's lock, so two threads never create two."""
@@ -232,7 +233,7 @@ class Context(NativeHandle):
 
     def adapt_threads(self) -> int:
         """For a context created without ``n_threads``: compute with the part of the thread budget
-        that other work leaves free (:func:`~mtp_bindings.threads.threads_for_load`): the least other
+        that other work leaves free (:func:`~mtp_bindings.config.threads.threads_for_load`): the least other
         load of the last ``ADAPT_SAMPLES`` readings, taken at most every ``ADAPT_INTERVAL_S``. The
         generation loop calls it between rounds, when this context's own threads are idle. Results do not depend on the thread count.
         Returns the thread count in effect."""

@@ -1,18 +1,20 @@
 """GGUF inspection without native code: ``info`` (summarise a file) and ``verify-assistant``
 (check an MTP assistant's shapes, dtypes and metadata, in either layout, and say precisely what
-is wrong). Uses the gguf-py reader bundled with the patched llama.cpp."""
+is wrong), and rewriting one (another layout, renamed or retyped tensors). Reads and writes with
+the ``gguf`` package (PyPI's gguf-py); :mod:`.header` checks a file's extent first."""
 
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 
-from .exceptions import ModelLoadError
+from ..exceptions import ModelLoadError
+from .header import Truncated, check_extent
 
 UPSTREAM_ARCH = "gemma4-assistant"   # upstream converter: nextn.* tensors
 DESIGN_ARCH = "gemma4_assistant"     # design doc layout: mtp.* tensors, I32 mtp.token_ordering
@@ -25,18 +27,6 @@ LAYOUT_TENSORS = {
     DESIGN_ARCH: ("mtp.pre_projection.weight", "mtp.post_projection.weight",
                   "mtp.centroids.weight", "mtp.token_ordering.weight"),
 }
-
-
-def _gguf() -> Any:
-    try:
-        import gguf  # a user-installed gguf-py works too
-    except ImportError:
-        bundled = Path(__file__).parent / "_convert" / "gguf-py"
-        if not bundled.is_dir():
-            raise ModelLoadError("gguf-py is not available (install the package, or `pip install gguf`)")
-        sys.path.append(str(bundled))
-        import gguf
-    return gguf
 
 
 @dataclass
@@ -55,28 +45,6 @@ class GGUFSummary:
         return self.metadata.get(f"{self.arch}.{suffix}", default)
 
 
-class _Truncated(Exception):
-    """A read past the end of the file."""
-
-    def __init__(self, end: int, size: int) -> None:
-        super().__init__(f"it has {size:,} bytes, but its header describes data up to byte {end:,}")
-
-
-def _open_reader(p: Path) -> Any:
-    """gguf-py's reader on ``p``, made to notice a file that ends early: its reads past the end
-    return short arrays, which fail later with numpy's words ("When changing to a larger dtype...")."""
-    gguf = _gguf()
-
-    class CheckedReader(gguf.GGUFReader):  # type: ignore[misc,name-defined]
-        def _get(self, offset: int, dtype: Any, count: int = 1, *args: Any, **kwargs: Any) -> Any:
-            end = int(offset) + np.dtype(dtype).itemsize * int(count)
-            if end > len(self.data):
-                raise _Truncated(end, len(self.data))
-            return super()._get(offset, dtype, count, *args, **kwargs)
-
-    return CheckedReader(str(p), "r")
-
-
 def read_summary(path: str | os.PathLike[str]) -> GGUFSummary:
     """Parse ``path``'s header; raises :class:`ModelLoadError` for anything that is not a readable
     GGUF (missing, not a GGUF, truncated, corrupt), saying which."""
@@ -88,13 +56,12 @@ def read_summary(path: str | os.PathLike[str]) -> GGUFSummary:
     if magic != b"GGUF":
         raise ModelLoadError(f"{p} is not a GGUF file (starts with {magic!r}, expected b'GGUF')")
     try:
-        reader = _open_reader(p)
-    except _Truncated as e:
+        check_extent(p)
+        reader = gguf.GGUFReader(str(p), "r")
+    except Truncated as e:
         raise ModelLoadError(f"{p} is truncated: {e}") from None
     except ValueError as e:
-        if "remaining file size" not in str(e):  # gguf-py's own check of a string's length
-            raise ModelLoadError(f"{p} is corrupt, not a readable GGUF: {e}") from None
-        raise ModelLoadError(f"{p} is truncated: {e}") from None
+        raise ModelLoadError(f"{p} is corrupt, not a readable GGUF: {e}") from None
     except Exception as e:  # the reader raises IndexError, KeyError, ...
         raise ModelLoadError(f"{p} is corrupt, not a readable GGUF: {type(e).__name__}: {e}") from None
     meta: dict[str, Any] = {}
@@ -212,7 +179,6 @@ def rewrite_gguf(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, ar
     """Copy a GGUF with tensors/keys renamed, dropped or retyped (same tensor data otherwise).
 
     Keys are renamed after the architecture prefix is switched (``<old arch>.`` -> ``<arch>.``)."""
-    gguf = _gguf()
     reader = gguf.GGUFReader(str(src))
     old_arch = str(reader.fields["general.architecture"].contents())
     new_arch = arch or old_arch
@@ -248,7 +214,6 @@ def to_design_layout(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -
     s = read_summary(src)
     if s.arch != UPSTREAM_ARCH:
         raise ModelLoadError(f"{src} is not an upstream-layout assistant (architecture {s.arch!r})")
-    gguf = _gguf()
     up, design = LAYOUT_TENSORS[UPSTREAM_ARCH], LAYOUT_TENSORS[DESIGN_ARCH]
     centroid = up[2] in s.tensors
     add = {f"{DESIGN_ARCH}.n_embd_backbone": (int(s.key("embedding_length_out")), gguf.GGUFValueType.UINT32),

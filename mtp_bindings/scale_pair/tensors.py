@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .exceptions import InvalidParameterError
+from ..exceptions import InvalidParameterError
 
 # Magnitudes of the positive feature. Every entry that lands in a quantized matrix stays >= 1e-2 so
 # that q8_0/q4_K block scales (f16) hold it; the values the feature takes stay small where they

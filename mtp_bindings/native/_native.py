@@ -17,12 +17,13 @@ import threading
 from collections import deque
 from typing import Any, Callable, NoReturn
 
-from . import _backends, threads
-from .env import env_cpu_variant
+from . import _backends
+from ..config import threads
+from ..config.env import env_cpu_variant
 
 # Loading the module loads libllama, ggml and libgomp: libgomp reads its waiting policy now or never.
 with threads.openmp_defaults():
-    from ._ffi import ffi, lib
+    from .._ffi import ffi, lib
 
 logger = logging.getLogger("mtp_bindings.native")
 

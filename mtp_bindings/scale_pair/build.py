@@ -3,7 +3,7 @@ computes (``mtp-bindings scale-pair``), in f16, q8_0 and q4_K, cached under the 
 
 The construction (zero padding, rescaled norms, added heads/units/layers with zero output
 projections, RoPE dimensions placed to keep their frequencies, padding tokens held at the softcap
-floor) is explained in :mod:`mtp_bindings._scale_tensors`. Token ids of the trained vocabulary keep
+floor) is explained in :mod:`mtp_bindings.scale_pair.tensors`. Token ids of the trained vocabulary keep
 their meaning, so prompts for the small pair work unchanged. File names say size, role and weight
 type: ``e2b-target-q4_K.gguf``, ``e2b-assistant-centroid-f16.gguf``, ``e2b-assistant-dense-f16.gguf``
 (the dense-head assistant has no centroid tensors: what upstream's converter would give).
@@ -28,16 +28,16 @@ from typing import Any
 
 import numpy as np
 
-from . import _scale_tensors as st
-from ._scale_gguf import VOCAB_PAD_KEY, Source, quantize, read_source, write_gguf
-from .exceptions import InvalidParameterError, ModelFileNotFoundError, ModelLoadError
+from . import tensors as st
+from .writer import VOCAB_PAD_KEY, Source, quantize, read_source, write_gguf
+from ..exceptions import InvalidParameterError, ModelFileNotFoundError, ModelLoadError
 
 logger = logging.getLogger(__name__)
 
 #: Bump when the construction changes: it is part of the cache key.
 CONSTRUCTION_VERSION = 1
 TYPES = ("f16", "q8_0", "q4_K")
-BUNDLED = Path(__file__).parent / "models"
+BUNDLED = Path(__file__).parent.parent / "models"
 #: Gemma 4 E2B's text decoder: 35 layers, every fifth one full attention (True = sliding window).
 E2B_LAYERS = tuple(i % 5 != 4 for i in range(35))
 
@@ -361,7 +361,7 @@ def run(args: argparse.Namespace, interrupt: object | None = None) -> int:
         print(f"{path}  ({path.stat().st_size / 1e6:.1f} MB)")
     print(f"{'found cached' if pair.cached else 'built'} in {took:.1f} s: {pair.directory}")
     if args.check:
-        from ._scale_check import check, format_report
+        from .check import check, format_report
 
         report = check(pair, config, args.check_type, target=args.target, assistant=args.assistant)
         print(format_report(report))
@@ -380,6 +380,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from .exceptions import InvalidParameterError
+from ..exceptions import InvalidParameterError
 
 ENV_DEPTH2 = "LLAMA_PIPELINE_DEPTH2"
 ENV_SKIP_STREAK = "LLAMA_MTP_SKIP_STREAK_THRESHOLD"

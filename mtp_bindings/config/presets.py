@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .exceptions import InvalidParameterError
+from ..exceptions import InvalidParameterError
 
 
 @dataclass(frozen=True)
