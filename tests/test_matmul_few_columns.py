@@ -166,3 +166,17 @@ def test_a_batched_decode_gives_exactly_the_logits_of_single_steps(
     out = json.loads(res.stdout)
     bad = [f"n={n}: max relative difference {r['rel']:.2e}" for n, r in out.items() if not r["identical"]]
     assert not bad, f"{wtype}: a batched decode rounds differently from single steps: " + "; ".join(bad)
+
+
+def test_repacked_q6_K_gives_a_prompt_batch_the_bits_of_single_columns(mulmat_bench: Path) -> None:
+    """Where Q6_K is repacked (x86 with AVX-512 VNNI), one kernel takes every number of columns: a prompt's rows
+    round like the decode of each row alone, not only a verify batch's."""
+    cmd = [str(mulmat_bench), "--type", "q6_K", "--n", "9,16,17,33", "--rounds", "1", "--warmup", "0",
+           "--invariance", "--buft", "CPU_REPACK", "--shape", "544x512", "--shape", "64x1536"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode in (0, 1), f"mulmat_bench {_exit_reason(res.returncode)}: {res.stderr[-1000:]}"
+    results = json.loads(res.stdout)["results"]
+    if any(r["buft"] != "CPU_REPACK" for r in results):
+        pytest.skip("Q6_K is not repacked on this CPU (no AVX-512 VNNI, or another layout is chosen)")
+    bad = [f"{r['rows']}x{r['cols']} n={r['n']}: {r['mismatches']} floats differ" for r in results if r["mismatches"]]
+    assert not bad, "batch-dependent rounding: " + "; ".join(bad)
