@@ -42,7 +42,7 @@ GGML_FUNCTIONS = {
     "ggml_backend_dev_name",
     "ggml_backend_dev_description",
     "ggml_backend_dev_type",
-    "ggml_threadpool_params_default",    # mtp_bindings.threadpool (the pool functions: the CPU registry's)
+    "ggml_threadpool_params_default",    # mtp_bindings.native.threadpool (the pool functions: the CPU registry's)
     "ggml_time_us",
     "ggml_type_name",
 }
