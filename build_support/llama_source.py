@@ -29,11 +29,14 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-PINNED_PACKAGE = "llama-cpp-python==0.3.36"
-PINNED_SDIST = "llama_cpp_python-0.3.36.tar.gz"
+# the pin, once: the registry package's version (its sdist's name and prefix follow from it), its sdist's
+# sha256 and the llama.cpp commit that sdist vendors
+PINNED_VERSION = "0.3.36"
 PINNED_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 PINNED_COMMIT = "0c1e57098"
-SDIST_PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/"
+PINNED_PACKAGE = f"llama-cpp-python=={PINNED_VERSION}"
+PINNED_SDIST = f"llama_cpp_python-{PINNED_VERSION}.tar.gz"
+SDIST_PREFIX = f"llama_cpp_python-{PINNED_VERSION}/vendor/llama.cpp/"
 
 SOURCE_STAMP = ".mtp-source.json"
 PATCH_STAMP = ".mtp-patches.json"
