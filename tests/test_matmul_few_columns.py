@@ -78,12 +78,20 @@ def test_each_column_of_a_few_column_product_has_the_bits_of_its_single_column_p
            "--invariance", *LAYOUTS[layout]]
     for shape in INVARIANCE_SHAPES:
         cmd += ["--shape", shape]
+    bad = _batch_dependent(_invariance_results(cmd))
+    assert not bad, "batch-dependent rounding: " + "; ".join(bad)
+
+
+def _invariance_results(cmd: list[str]) -> list[dict]:
+    """mulmat_bench --invariance's rows (each column of each product against the product of it alone)."""
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode in (0, 1), f"mulmat_bench {_exit_reason(res.returncode)}: {res.stderr[-1000:]}"
-    results = json.loads(res.stdout)["results"]
-    bad = [f"{r['rows']}x{r['cols']} n={r['n']} ({r['buft']}): {r['mismatches']} floats differ"
-           for r in results if r["mismatches"]]
-    assert not bad, "batch-dependent rounding: " + "; ".join(bad)
+    return json.loads(res.stdout)["results"]
+
+
+def _batch_dependent(results: list[dict]) -> list[str]:
+    return [f"{r['rows']}x{r['cols']} n={r['n']} ({r['buft']}): {r['mismatches']} floats differ"
+            for r in results if r["mismatches"]]
 
 
 @pytest.fixture(scope="module")
@@ -173,10 +181,8 @@ def test_repacked_q6_K_gives_a_prompt_batch_the_bits_of_single_columns(mulmat_be
     round like the decode of each row alone, not only a verify batch's."""
     cmd = [str(mulmat_bench), "--type", "q6_K", "--n", "9,16,17,33", "--rounds", "1", "--warmup", "0",
            "--invariance", "--buft", "CPU_REPACK", "--shape", "544x512", "--shape", "64x1536"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert res.returncode in (0, 1), f"mulmat_bench {_exit_reason(res.returncode)}: {res.stderr[-1000:]}"
-    results = json.loads(res.stdout)["results"]
+    results = _invariance_results(cmd)
     if any(r["buft"] != "CPU_REPACK" for r in results):
         pytest.skip("Q6_K is not repacked on this CPU (no AVX-512 VNNI, or another layout is chosen)")
-    bad = [f"{r['rows']}x{r['cols']} n={r['n']}: {r['mismatches']} floats differ" for r in results if r["mismatches"]]
+    bad = _batch_dependent(results)
     assert not bad, "batch-dependent rounding: " + "; ".join(bad)
