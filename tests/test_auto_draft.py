@@ -55,13 +55,29 @@ def test_sampled_auto_counts_every_token_it_generates(model):
     assert sum(r.stats.rounds_per_k) == r.stats.n_rounds
 
 
+HOT = dict(max_tokens=128, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, ignore_eos=True)
+
+
+def test_auto_at_a_high_temperature_mostly_decodes_plain(model):
+    """At temperature 1.5 this pair accepts almost nothing: whatever the timings, auto drafts only in its probes."""
+    model.generate(PROMPT, seed=1, **HOT)  # let auto measure this context first, as a second request would
+    s = model.generate(PROMPT, seed=2, **HOT).stats
+    drafting = sum(s.rounds_per_k[1:])
+    assert drafting <= s.n_rounds // 4, (s.rounds_per_k, s.draft_policy)
+
+
 def test_auto_at_a_high_temperature_is_no_collapse_against_plain(model):
-    """Generous: drafting that cannot pay must not make generation much slower than not drafting."""
-    kw = dict(max_tokens=128, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, ignore_eos=True)
-    model.generate(PROMPT, seed=1, **kw)  # let auto measure this context first, as a second request would
-    plain = min(model.generate(PROMPT, draft_n_max=0, seed=i, **kw).stats.t_generate for i in range(3))
-    auto = min(model.generate(PROMPT, seed=i, **kw).stats.t_generate for i in range(3))
-    assert auto <= 2.0 * plain
+    """Generous: drafting that cannot pay must not make generation much slower than not drafting. This VM's
+    timings have heavy tails (single decodes of 0.3 ms taking 10-40 ms, slow phases of seconds), so plain and
+    auto run in turns and the median of their paired ratios is bounded, not two minima taken apart."""
+    model.generate(PROMPT, seed=1, **HOT)
+    ratios, seen = [], []
+    for i in range(5):
+        plain = model.generate(PROMPT, draft_n_max=0, seed=i, **HOT).stats
+        auto = model.generate(PROMPT, seed=i, **HOT).stats
+        ratios.append(auto.t_generate / plain.t_generate)
+        seen.append((round(plain.t_generate * 1e3, 1), round(auto.t_generate * 1e3, 1), auto.rounds_per_k))
+    assert sorted(ratios)[2] <= 2.0, seen
 
 
 def test_a_context_whose_batch_is_smaller_than_a_verify_batch_drafts_what_fits(model):
