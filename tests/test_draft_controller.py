@@ -35,6 +35,7 @@ class Machine:
     hidden_per_round: float = 0.0  # ... or one every drafting round pays, whatever its count
     plain_after_drafting: float = 0.0  # what a plain round right after a drafting one pays (drafting winding down)
     slow_first_plain: float = 0.0  # what each of a context's first 3 plain rounds pays (a warm-up, a noisy moment)
+    slow_share: float = 0.0  # the share of rounds a VM slows 1.5-4x, parts and all (this kind of VM's heavy tail)
 
     def round_time(self, k: int) -> float:
         return self.draft_step * k + self.verify(k + 1) + self.sample_row * (k + 1) + self.host + \
@@ -69,8 +70,9 @@ class Simulation:
             n_acc = 0
             while n_acc < k and self.rng.random() < m.accept:
                 n_acc += 1
-            cost = RoundCost(k, m.draft_step * k, m.verify(k + 1), m.sample_row * (k + 1))
-            self.now += m.round_time(k) + (m.plain_after_drafting if k == 0 and self.prev else 0.0)
+            slow = 1.0 + (self.rng.uniform(0.5, 3.0) if self.rng.random() < m.slow_share else 0.0)
+            cost = RoundCost(k, m.draft_step * k * slow, m.verify(k + 1) * slow, m.sample_row * (k + 1) * slow)
+            self.now += m.round_time(k) * slow + (m.plain_after_drafting if k == 0 and self.prev else 0.0)
             if k == 0:
                 self.plain_rounds += 1
                 self.now += m.slow_first_plain if self.plain_rounds <= 3 else 0.0
@@ -118,6 +120,22 @@ def test_its_throughput_is_within_5_percent_of_the_best_fixed_count():
         expected = sum(sum(machine.accept ** j for j in range(k + 1)) for k in sim.chosen)
         rate = expected / sum(machine.round_time(k) for k in sim.chosen)
         assert rate >= 0.95 * machine.tokens_per_s(machine.best()), machine
+
+
+def test_heavy_tailed_round_times_keep_it_within_5_percent_of_the_best_fixed_count():
+    """One round in ten 1.5-4x slow, parts and all, as on a shared VM: each slow round moved a running mean (and
+    the choice) for many rounds, and 130-round requests on one context got 0.89x the best fixed count."""
+    machine = Machine(lambda n: 0.040 * (1 + 0.12 * (n - 1)), draft_step=0.011, accept=0.65, host=0.005,
+                      slow_share=0.1)
+    costs = CostModel()
+    tokens = seconds = 0.0
+    for request in range(20):
+        sim = Simulation(machine, seed=request, costs=costs)
+        sim.run(130)
+        sim.policy.finish()
+        tokens, seconds = tokens + sim.tokens, seconds + sim.now
+    best_fixed = machine.tokens_per_s(machine.best()) / (1 + 0.1 * 1.75)  # the same slow rounds, on average
+    assert tokens / seconds >= 0.95 * best_fixed
 
 
 def plain_rounds_at_the_end(machine: Machine) -> int:

@@ -7,22 +7,22 @@ second, ``E(k) / T(k)``:
 * ``E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 .. a_k``, with ``a_i`` the running estimate of the chance
   that draft ``i`` is accepted once drafts ``1..i-1`` were (exponentially forgetting, so it follows
   the text; it starts from what earlier requests on this context measured, else a prior);
-* ``T(k)``: a running mean of what whole rounds with ``k`` drafts took on this context, start to
+* ``T(k)``: a running estimate of what whole rounds with ``k`` drafts took on this context, start to
   start (the caller's own time between rounds included, and what drafting beside it costs: on a
   host-bound pair that is most of it); for a ``k`` not yet seen, the nearest seen one's, moved by
   its parts ``V(k + 1) + D(k) + S (k + 1) + H``: the target's decode of ``k + 1`` rows, the wait
-  for ``k`` drafts, sampling per row and the rest, each a running mean too (:class:`CostModel`,
+  for ``k`` drafts, sampling per row and the rest, each a running estimate too (:class:`CostModel`,
   kept on the context across requests). Parts never measured come from the nearest measured ones.
+Each running cost is the median of its last ``COST_WINDOW`` measurements (robust to this kind of VM's
+heavy-tailed rounds).
 
 ``k = 0`` is a plain decode: no drafting graph, no verify rows. While the choice is below ``k_max``
 it drafts one more token now and then, and one fewer (every ``PROBE_MIN``..``PROBE_MAX`` rounds, backing
 off while the probes change nothing; every other way down is plain decoding itself, two rounds), so an
 estimate that has gone stale can recover. A cold context measures plain decoding right after its first
 drafting round. A plain round right after a drafting one is not measured (drafting winding down shares its
-CPU), and a cost below its running mean counts more than one above it (interference only adds time).
-Between probes a choice of 0 stands without being computed again (plain rounds teach nothing about
-acceptance). Acceptance
-is pooled across the requests on a context by their sampler settings (the same pair accepts far
+CPU). Between probes a choice of 0 stands without being computed again (plain rounds teach nothing about
+acceptance). Acceptance is pooled across the requests on a context by their sampler settings (the same pair accepts far
 less at temperature 1.5 than at 0). It only changes how much is drafted, so the output stays what
 plain decoding gives. Pure Python.
 """
@@ -40,8 +40,7 @@ ACCEPT_PRIOR = 0.6        # conditional acceptance per position before anything 
 ACCEPT_PRIOR_WEIGHT = 4.0  # rounds of evidence a request's starting estimate is worth
 ACCEPT_DECAY = 0.97       # weight kept by past observations at each new one (a ~30-round memory)
 ACCEPT_BONUS = 0.5        # standard errors added to each estimate when choosing (see Acceptance.optimistic)
-COST_ALPHA = 0.25         # running means of costs: weight of the newest measurement ...
-COST_ALPHA_DOWN = 0.75    # ... when it is below the mean (interference only adds time: a lower cost is believed sooner)
+COST_WINDOW = 15          # a cost's estimate is the median of its last this many measurements
 VERIFY_SLOPE_PRIOR = 0.1  # decode(n) = decode(1) (1 + slope (n - 1)) until two sizes are measured
 DRAFT_STEP_PRIOR = 0.1    # a draft step / decode(1), until a draft is measured
 PROBE_MIN = 8             # rounds between probes of one more draft, at first ...
@@ -50,10 +49,20 @@ PROBE_BUDGET = 0.02       # ... unless a probe costs more than this share of the
 POOL_MAX = 256.0          # observations the context's pooled acceptance keeps per position
 
 
-def _ewma(old: float | None, new: float) -> float:
-    if old is None:
-        return new
-    return old + (COST_ALPHA_DOWN if new < old else COST_ALPHA) * (new - old)
+class _Window:
+    """The last ``COST_WINDOW`` measurements of one cost; its estimate is their median. A median, not a running
+    mean: this kind of VM's rounds have heavy tails (one in ten 1.5-4x slow), and one such round moved a mean
+    (and the choice) for many rounds; simulated with such noise, auto lost 6-10 % to the best fixed count."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def add(self, x: float) -> float:
+        self.values.append(x)
+        del self.values[:-COST_WINDOW]
+        ordered = sorted(self.values)
+        n = len(ordered)
+        return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
 
 
 @dataclass
@@ -81,18 +90,23 @@ class CostModel:
     # acceptance of earlier requests by sampler settings (what is accepted at temperature 0 says little
     # about 1.5): per position, drafts reached and drafts accepted
     pools: dict[Hashable, tuple[list[float], list[float]]] = field(default_factory=dict)
+    # the measurements behind each estimate above, by (what, size)
+    windows: dict[tuple[str, int], _Window] = field(default_factory=dict, repr=False)
+
+    def _add(self, what: str, size: int, x: float) -> float:
+        return self.windows.setdefault((what, size), _Window()).add(x)
 
     def observe(self, c: RoundCost) -> None:
         rows = c.k + 1
-        self.verify[rows] = _ewma(self.verify.get(rows), c.verify)
+        self.verify[rows] = self._add("verify", rows, c.verify)
         if c.k:
-            self.draft[c.k] = _ewma(self.draft.get(c.k), c.draft)
-        self.sample_row = _ewma(self.sample_row, c.sample / rows)
+            self.draft[c.k] = self._add("draft", c.k, c.draft)
+        self.sample_row = self._add("sample", 0, c.sample / rows)
 
     def observe_round(self, c: RoundCost, seconds: float) -> None:
         """A whole round with its parts ``c`` took ``seconds``, from its start to the next round's."""
-        self.host = _ewma(self.host, max(seconds - c.draft - c.verify - c.sample, 0.0))
-        self.total[c.k] = _ewma(self.total.get(c.k), seconds)
+        self.host = self._add("host", 0, max(seconds - c.draft - c.verify - c.sample, 0.0))
+        self.total[c.k] = self._add("total", c.k, seconds)
 
     def decode1(self) -> float:
         """decode(1), seconds (1.0, a unit, before anything was measured)."""
