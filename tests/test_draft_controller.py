@@ -269,6 +269,18 @@ def test_unmeasured_verify_sizes_come_from_the_measured_ones():
     assert costs.draft_cost(4) == pytest.approx(4 * 0.004)        # per draft, as measured for 2
 
 
+def test_a_cost_measured_long_ago_gives_way_to_one_probe():
+    """Plain decoding measured in a slow phase of the machine, then only drafting for many rounds: the next plain
+    round (a probe) is what plain decoding costs now, not one vote against fifteen old ones."""
+    costs = CostModel()
+    for _ in range(15):
+        costs.observe(RoundCost(0, 0.0, 0.080, 0.0))
+    for _ in range(100):
+        costs.observe(RoundCost(1, 0.005, 0.050, 0.0))
+    costs.observe(RoundCost(0, 0.0, 0.045, 0.0))
+    assert costs.verify_cost(1) == pytest.approx(0.045)
+
+
 def test_fixed_counts_and_plain_decoding_never_vary():
     assert [FixedCount(3).choose() for _ in range(5)] == [3] * 5
     assert make_draft_count(None, drafting=False, k_max=3, auto=True).choose() == 0

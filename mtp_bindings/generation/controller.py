@@ -13,8 +13,8 @@ second, ``E(k) / T(k)``:
   its parts ``V(k + 1) + D(k) + S (k + 1) + H``: the target's decode of ``k + 1`` rows, the wait
   for ``k`` drafts, sampling per row and the rest, each a running estimate too (:class:`CostModel`,
   kept on the context across requests). Parts never measured come from the nearest measured ones.
-Each running cost is the median of its last ``COST_WINDOW`` measurements (robust to this kind of VM's
-heavy-tailed rounds).
+Each running cost is the median of its last ``COST_WINDOW`` measurements of the last ``COST_MAX_AGE``
+rounds (robust to this kind of VM's heavy-tailed rounds, and to its phases for a cost only probes measure).
 
 ``k = 0`` is a plain decode: no drafting graph, no verify rows. While the choice is below ``k_max``
 it drafts one more token now and then, and one fewer (every ``PROBE_MIN``..``PROBE_MAX`` rounds, backing
@@ -40,7 +40,8 @@ ACCEPT_PRIOR = 0.6        # conditional acceptance per position before anything 
 ACCEPT_PRIOR_WEIGHT = 4.0  # rounds of evidence a request's starting estimate is worth
 ACCEPT_DECAY = 0.97       # weight kept by past observations at each new one (a ~30-round memory)
 ACCEPT_BONUS = 0.5        # standard errors added to each estimate when choosing (see Acceptance.optimistic)
-COST_WINDOW = 15          # a cost's estimate is the median of its last this many measurements
+COST_WINDOW = 15          # a cost's estimate is the median of its last this many measurements ...
+COST_MAX_AGE = 48         # ... taken in the context's last this many rounds (the newest one is always kept)
 VERIFY_SLOPE_PRIOR = 0.1  # decode(n) = decode(1) (1 + slope (n - 1)) until two sizes are measured
 DRAFT_STEP_PRIOR = 0.1    # a draft step / decode(1), until a draft is measured
 PROBE_MIN = 8             # rounds between probes of one more draft, at first ...
@@ -50,17 +51,20 @@ POOL_MAX = 256.0          # observations the context's pooled acceptance keeps p
 
 
 class _Window:
-    """The last ``COST_WINDOW`` measurements of one cost; its estimate is their median. A median, not a running
-    mean: this kind of VM's rounds have heavy tails (one in ten 1.5-4x slow), and one such round moved a mean
-    (and the choice) for many rounds; simulated with such noise, auto lost 6-10 % to the best fixed count."""
+    """The last ``COST_WINDOW`` measurements of one cost, none older than ``COST_MAX_AGE`` rounds; its estimate is
+    their median. A median, not a running mean: this kind of VM's rounds have heavy tails (one in ten 1.5-4x
+    slow), and one such round moved a mean (and the choice) for many rounds; simulated with such noise, auto lost
+    6-10 % to the best fixed count. An age limit: a cost measured only by a probe now and then (plain decoding
+    while drafting pays) would otherwise be the median of measurements from another phase of the machine (a VM's
+    speed moves by 20-100 % for seconds), and a probe could not correct it."""
 
     def __init__(self) -> None:
-        self.values: list[float] = []
+        self.values: list[tuple[int, float]] = []  # (round, seconds)
 
-    def add(self, x: float) -> float:
-        self.values.append(x)
-        del self.values[:-COST_WINDOW]
-        ordered = sorted(self.values)
+    def add(self, x: float, now: int) -> float:
+        self.values.append((now, x))
+        self.values = [v for v in self.values[-COST_WINDOW:] if v[0] > now - COST_MAX_AGE]
+        ordered = sorted(v for _, v in self.values)
         n = len(ordered)
         return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
 
@@ -93,10 +97,13 @@ class CostModel:
     # the measurements behind each estimate above, by (what, size)
     windows: dict[tuple[str, int], _Window] = field(default_factory=dict, repr=False)
 
+    rounds: int = 0  # rounds observed on this context (the clock of the windows' age limit)
+
     def _add(self, what: str, size: int, x: float) -> float:
-        return self.windows.setdefault((what, size), _Window()).add(x)
+        return self.windows.setdefault((what, size), _Window()).add(x, self.rounds)
 
     def observe(self, c: RoundCost) -> None:
+        self.rounds += 1
         rows = c.k + 1
         self.verify[rows] = self._add("verify", rows, c.verify)
         if c.k:
