@@ -299,6 +299,8 @@ int main(int argc, char ** argv) {
         struct ggml_init_params ip = { ggml_tensor_overhead(), NULL, true };
         wt->ctx = ggml_init(ip);
         wt->w = ggml_new_tensor_2d(wt->ctx, type, wt->shape.cols, wt->shape.rows);
+        // named as a model's output matrix: on x86, Q6_K is repacked only there (patch 0117)
+        ggml_set_name(wt->w, "output.weight");
         ggml_backend_buffer_type_t buft = pick_buft(dev, wt->w, plain, want_buft);
         wt->buft_name = ggml_backend_buft_name(buft);
         wt->buf = ggml_backend_alloc_ctx_tensors_from_buft(wt->ctx, buft);
