@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .embeddings import EmbedInput, embed
 from .hub import resolve
@@ -23,7 +23,11 @@ from .generation.state import StateIO, load_state, save_state
 from .llama_model import LlamaModel, check_gguf_file
 from .llama_context import LlamaContext
 from .mtp import MTPContext, attach_assistant
-from .config.params import EMBED_N_CTX, EMBED_POOLING
+from .config.params import EMBED_N_CTX, EMBED_POOLING, ContextParams
+from .config.signatures import ContextOptions, LoadOptions, context_parameters, keyword_parameters, spell_out
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 logger = logging.getLogger("mtp_bindings")
 
@@ -56,7 +60,7 @@ class Model(LlamaModel):
 
     def __init__(self, path: str | os.PathLike[str], *, assistant: str | os.PathLike[str] | None = None,
                  n_gpu_layers_draft: int | None = None, devices_draft: str | Sequence[str] | None = None,
-                 **load: Any) -> None:
+                 **load: Unpack[LoadOptions]) -> None:
         # load: LlamaModel's keyword arguments, passed on so their defaults stay written once
         super().__init__(path, **load)
         if assistant is not None:
@@ -75,10 +79,10 @@ class Model(LlamaModel):
                                     token=token, cache_dir=cache_dir)
         return cls(target, assistant=assistant, **kwargs)
 
-    def create_context(self, *args: Any, **kwargs: Any) -> MTPContext:
+    def create_context(self, params: ContextParams | None = None, **kwargs: Unpack[ContextOptions]) -> MTPContext:
         """A new :class:`~mtp_bindings.mtp.MTPContext` on this model (keyword arguments are
         :class:`~mtp_bindings.config.params.ContextParams` fields)."""
-        ctx = super().create_context(*args, **kwargs)
+        ctx = super().create_context(params, **kwargs)
         assert isinstance(ctx, MTPContext)
         return ctx
 
@@ -114,10 +118,24 @@ class Model(LlamaModel):
         """Save a context's sequence (default: the one ``generate`` uses) -- its KV and the tokens of
         its last generation -- to ``path``, any drafting request in flight drained first (see
         :mod:`mtp_bindings.generation.state`)."""
-        return save_state(context or self.generation_context(), path, seq_id=seq_id)
+        if context is not None:
+            return save_state(context, path, seq_id=seq_id)
+        # the pool's most recently used context (the last generate's), owned meanwhile like a generation's
+        with self.generation_context() as ctx, ctx.generation_round():
+            return save_state(ctx, path, seq_id=seq_id)
 
     def load_state(self, path: str | os.PathLike[str], *, context: LlamaContext | None = None, seq_id: int = 0) -> StateIO:
         """Restore a sequence saved by :meth:`save_state` into ``context`` (default: the one
         ``generate`` uses): a ``generate`` whose prompt starts with the saved tokens then goes on
         as if never interrupted, decoding only what follows them."""
-        return load_state(context or self.generation_context(), path, seq_id=seq_id)
+        if context is not None:
+            return load_state(context, path, seq_id=seq_id)
+        # back in the pool after as its most recent: the next generate's
+        with self.generation_context() as ctx, ctx.generation_round():
+            return load_state(ctx, path, seq_id=seq_id)
+
+
+# help() and inspect.signature show what these forward: LlamaModel's loading settings and the context settings
+spell_out(Model.__init__, keyword_parameters(LlamaModel.__init__, skip=("self", "path")))
+spell_out(Model.__dict__["from_pretrained"].__func__, keyword_parameters(Model.__init__, skip=("self", "path", "assistant")))
+spell_out(Model.create_context, context_parameters())

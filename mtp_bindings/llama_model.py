@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,10 @@ from .exceptions import (
 )
 from .config.limits import DEFAULT_N_CTX, default_n_ctx
 from .config.params import ContextParams
+from .config.signatures import ContextOptions, context_parameters, spell_out
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 logger = logging.getLogger("mtp_bindings")
 
@@ -94,7 +98,7 @@ class LlamaModel(NativeHandle):
         repack: bool = True,
         progress: ProgressCallback | bool | None = None,
         verbose: bool = False,
-        **context: Any,
+        **context: Unpack[ContextOptions],
     ) -> None:
         self._ptr = ffi.NULL
         self._lock = threading.Lock()
@@ -103,7 +107,7 @@ class LlamaModel(NativeHandle):
         # guards _idle only; re-entrant: a stream collected by the GC hands its context back from
         # whatever code this thread runs then, even code holding this lock
         self._pool_lock = threading.RLock()
-        self.context_settings = self._check_context_settings(context)
+        self.context_settings = self._check_context_settings(dict(context))
         self.path = check_gguf_file(path)
         if not isinstance(n_gpu_layers, int) or isinstance(n_gpu_layers, bool):
             raise InvalidParameterError(f"n_gpu_layers must be an int, got {n_gpu_layers!r}")
@@ -346,14 +350,13 @@ class LlamaModel(NativeHandle):
 
     # --- contexts ---------------------------------------------------------------------------------
 
-    def create_context(self, params: ContextParams | None = None, **kwargs: Any) -> LlamaContext:
+    def create_context(self, params: ContextParams | None = None, **kwargs: Unpack[ContextOptions]) -> LlamaContext:
         """A new context on this model (a :attr:`context_type`; keyword arguments are
         :class:`~mtp_bindings.config.params.ContextParams` fields, over the model's :attr:`context_settings`)."""
         if self.vocab_only:
             raise ContextError("a vocab_only model cannot have contexts")
-        if params is None:
-            kwargs = {**self.context_settings, **kwargs}
-        ctx = self.context_type(self, params, **kwargs)
+        settings: dict[str, Any] = {**self.context_settings, **kwargs} if params is None else dict(kwargs)
+        ctx = self.context_type(self, params, **settings)
         self._contexts.add(ctx)
         self._check_trained_context(ctx.n_ctx)
         return ctx
@@ -405,3 +408,8 @@ class LlamaModel(NativeHandle):
     def has_assistant(self) -> bool:
         """Whether an MTP assistant is attached to the loaded weights."""
         return bool(lib.llama_model_has_mtp_assistant(self.ptr))
+
+
+# help() and inspect.signature show the context settings these forward to ContextParams
+spell_out(LlamaModel.__init__, context_parameters())
+spell_out(LlamaModel.create_context, context_parameters())

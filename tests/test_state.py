@@ -30,6 +30,19 @@ def fresh(model):
     return model.create_context(n_ctx=N_CTX, embeddings=True)
 
 
+def test_without_a_context_save_and_restore_use_the_one_generate_uses(model, trained_paths, tmp_path):
+    prompt = model.tokenize(PROMPT)
+    first = model.generate(prompt, max_tokens=N, temperature=0)
+    saved = model.save_state(tmp_path / "s.bin")
+    assert saved.tokens == prompt + first.tokens[:-1]  # the last sampled token is not decoded yet
+    target, assistant = trained_paths
+    with Model(target, assistant=assistant) as other:
+        assert other.load_state(tmp_path / "s.bin").tokens == saved.tokens
+        again = other.generate(prompt + first.tokens, max_tokens=M, temperature=0)
+    assert again.stats.n_prompt_cached == len(saved.tokens)
+    assert again.tokens == model.generate(prompt + first.tokens, max_tokens=M, temperature=0).tokens
+
+
 def test_restore_into_a_fresh_context_goes_on_as_if_never_interrupted(model, tmp_path):
     prompt = model.tokenize(PROMPT)
     with fresh(model) as ctx, fresh(model) as restored, fresh(model) as whole:

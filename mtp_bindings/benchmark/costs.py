@@ -119,7 +119,7 @@ def measure_prompt_processing(target: Path, assistant: Path, *, threads: int, n_
     plain = Model(target)
     mtp = Model(target, assistant=assistant)
     toks = rng.integers(10, min(plain.n_vocab, 1000), size=n_prompt).tolist()
-    kw = dict(n_ctx=n_prompt + 64, n_batch=n_prompt, n_ubatch=n_prompt, n_threads=threads, flash_attn="off")
+    kw: dict[str, Any] = dict(n_ctx=n_prompt + 64, n_batch=n_prompt, n_ubatch=n_prompt, n_threads=threads, flash_attn="off")
     ctxs = {"without assistant": plain.create_context(**kw),
             "with assistant": mtp.create_context(**kw, embeddings=True),
             "with assistant, embeddings on for the whole prompt": mtp.create_context(**kw, embeddings=True)}
