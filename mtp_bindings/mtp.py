@@ -299,4 +299,4 @@ class MTPContext(LlamaContext):
             self._check_seq(seq_id)
             drafts, h_last, logits = session_of(self).run_sync(seq_id, attn_pos, last_token, h_prev, n_steps,
                                                                return_logits)
-            return (drafts, h_last, logits) if return_logits else (drafts, h_last)
+            return (drafts, h_last, logits) if logits is not None else (drafts, h_last)

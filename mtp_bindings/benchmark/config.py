@@ -148,7 +148,7 @@ def _e2b_config(mode: str) -> BenchConfig:
     one run. Full (estimated ~1 hour on 2 cores, not yet timed): q4_K and q8_0, 128 and 512 tokens,
     draft_n 1..4 (depth2 on and the dense head at 2..3, HTTP at 1..3: the whole grid would not fit the
     hour), one run."""
-    common = dict(pair="e2b", kv_types=("f16",), temperatures=(0.0, 0.7), parts=("inproc", "http"), pyspy_seconds=0.0,
+    common: dict[str, Any] = dict(pair="e2b", kv_types=("f16",), temperatures=(0.0, 0.7), parts=("inproc", "http"), pyspy_seconds=0.0,
                   n_ctx=1024)
     if mode == "quick":
         return BenchConfig(mode="quick", weights=("q4_K",), runs=1, draft_ns=(1, 2, 3), depth2_ns=(3,),

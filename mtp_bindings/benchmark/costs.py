@@ -231,7 +231,7 @@ def upstream_costs(cfg: BenchConfig, paths: dict[str, Path], log_dir: Path, *, n
     out: dict[str, Any] = {"pp": {}, "memory": {}}
     steps = (1, 2, 3, 4) if cfg.mode != "smoke" else (2,)
     batch = ["-ub", str(n_prompt), "-b", str(n_prompt)]
-    layouts = [("draft", [])] + ([("draft_no_repack", ["--no-repack"])] if cfg.mode != "smoke" else [])
+    layouts: list[tuple[str, list[str]]] = [("draft", [])] + ([("draft_no_repack", ["--no-repack"])] if cfg.mode != "smoke" else [])
     for key, layout in layouts:
         out[key] = upstream_draft_times(cfg, paths["target"], paths["dense"], log_dir, steps=steps, prompt=gen_prompt,
                                         extra=batch + layout, memory=out["memory"] if key == "draft" else None)

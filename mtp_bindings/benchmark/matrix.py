@@ -213,13 +213,15 @@ class MatrixRunner:
         ss = [s for s in self.samples if s.part == "inproc" and s.kv == kv and s.temp == 0.0 and s.tokens]
         for n_out in {s.n_out for s in ss}:
             ref = next((s.tokens for s in ss if s.n_out == n_out and s.family == "ours plain"), None)
+            if ref is None:
+                continue
             rows = None
-            for s in (x for x in ss if x.n_out == n_out and ref is not None and x.tokens != ref):
+            for s in (x for x in ss if x.n_out == n_out and x.tokens and x.tokens != ref):
                 if rows is None:
                     rows = forced_rows(ctx, prompt_ids, ref)
                     for tok, b in bias.items():
                         rows[:, tok] += b
-                a = compare_greedy(ref, s.tokens, rows.__getitem__, NEAR_TIE_TOL)
+                a = compare_greedy(ref, s.tokens or [], rows.__getitem__, NEAR_TIE_TOL)
                 s.extra["parting"] = {"at": a.at, "gap": a.gap, "near_tie": a.agrees, "why": a.describe()}
 
     # --- the loop ---------------------------------------------------------------------------------
@@ -347,14 +349,15 @@ def identity_check(samples: Sequence[Sample]) -> list[dict[str, Any]]:
     keys = sorted({(s.part, s.kv, s.n_out) for s in samples if s.temp == 0.0 and s.run >= 0})
     for part, kv, n_out in keys:
         ss = [s for s in samples if (s.part, s.kv, s.n_out) == (part, kv, n_out) and s.temp == 0.0 and s.run >= 0]
+        seqs: dict[str, Any]
         if part == "inproc":
             seqs = {s.system + f"#{s.run}": tuple(s.tokens) for s in ss if s.tokens is not None}
         else:
             seqs = {s.system + f"#{s.run}": s.text for s in ss if s.text is not None}
         ref_name = next((k for k in seqs if k.startswith("ours plain")), next(iter(seqs), None))
-        ref = seqs.get(ref_name) if ref_name else None
-        verdicts = {s.system + f"#{s.run}": s.extra.get("parting") for s in ss}
-        mismatches = []
+        ref: Any = seqs.get(ref_name) if ref_name else None
+        verdicts: dict[str, Any] = {s.system + f"#{s.run}": s.extra.get("parting") for s in ss}
+        mismatches: list[dict[str, Any]] = []
         for name, seq in seqs.items():
             if seq != ref:
                 first = next((i for i, (a, b) in enumerate(zip(seq, ref)) if a != b), min(len(seq), len(ref)))

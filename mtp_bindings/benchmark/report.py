@@ -303,13 +303,13 @@ def make_plots(result: dict[str, Any], out_dir: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         for fam in ("upstream draft-mtp", "ours MTP depth2 off", "ours MTP dense head depth2 off"):
             for temp, ls in ((0.0, "-"), (0.7, "--")):
-                pts: dict[int, list[float]] = {}
+                by_n: dict[int, list[float]] = {}
                 for r in sec["rows"]:
                     if r["family"] == fam and r["temp"] == temp and r["acceptance"] is not None:
-                        pts.setdefault(r["draft_n"], []).append(r["acceptance"])
-                if pts:
-                    xs = sorted(pts)
-                    ax.plot(xs, [float(np.mean(pts[x])) for x in xs], marker="o", linestyle=ls, color=colors[fam],
+                        by_n.setdefault(r["draft_n"], []).append(r["acceptance"])
+                if by_n:
+                    xs = sorted(by_n)
+                    ax.plot(xs, [float(np.mean(by_n[x])) for x in xs], marker="o", linestyle=ls, color=colors[fam],
                             label=f"{fam}, T={temp}")
         ax.set_xlabel("draft_n_max")
         ax.set_ylabel("acceptance (accepted / drafted)")

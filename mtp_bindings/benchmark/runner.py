@@ -99,7 +99,7 @@ def speedup_table(result: dict[str, Any], cfg: BenchConfig) -> dict[str, Any]:
                      and r["n_out"] == n_out and r["temp"] == 0.0), None)
 
     tc = result.get("trained_costs")
-    cost = result.get("cost")
+    cost: dict[str, Any] = result.get("cost") or {}
     for k in cfg.draft_ns:
         d2, sync = cell("ours MTP depth2 on", k), cell("ours MTP depth2 off", k)
         if not d2 or d2["acceptance"] is None:
@@ -109,7 +109,7 @@ def speedup_table(result: dict[str, Any], cfg: BenchConfig) -> dict[str, Any]:
         if tc:
             models.append(("matrix pair", tc["draft"]["ms_per_step_slope"] / 1e3,
                            {int(n): ms / 1e3 for n, ms in tc["verify"]["ms_with_readback"].items()}, True))
-        dd = (cost or {}).get("draft_ours", {})
+        dd = cost.get("draft_ours", {})
         for dk, vk, name in (("dense", "verify", "E2B dense head, repack"),
                              ("centroid", "verify", "E2B centroid head, repack"),
                              ("dense no-repack", "verify_no_repack", "E2B dense head, no-repack"),
@@ -192,8 +192,9 @@ def rerender(out_dir: Path) -> dict[str, Any]:
     """Rewrite ``bench.md`` and the plots from ``bench.json`` (no measurement)."""
     result = json.loads((out_dir / "bench.json").read_text())
     c = result["config"]
-    cfg = BenchConfig(**{k: (Path(v) if k in ("target", "assistant", "out_dir", "cost_cache") else
-                             tuple(v) if isinstance(v, list) else v) for k, v in c.items() if k in BenchConfig.__dataclass_fields__})
+    fields: dict[str, Any] = {k: (Path(v) if k in ("target", "assistant", "out_dir", "cost_cache") else
+                             tuple(v) if isinstance(v, list) else v) for k, v in c.items() if k in BenchConfig.__dataclass_fields__}
+    cfg = BenchConfig(**fields)
     cfg.out_dir = out_dir
     result["speedup"] = speedup_table(result, cfg)
     result["targets"] = targets(result)

@@ -80,7 +80,8 @@ class SubcommandParser(Parser):
         self._add_lazy_arguments()
         return super().format_help()
 
-    def parse_known_args(self, args: Sequence[str] | None = None,
+    # typeshed's overloads (a namespace of any type) are more than this parser ever gets
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
         self._add_lazy_arguments()
         ns, extras = super().parse_known_args(args, namespace)

@@ -140,7 +140,7 @@ def cmd_generate(args: argparse.Namespace, interrupt: Interrupt) -> int:
                         stats, finish = piece.stats, piece.finish_reason
         if args.json:
             print(json.dumps({"text": "".join(pieces), "tokens": [t for p in pieces for t in p.tokens],
-                              "finish_reason": finish, "stats": stats.as_dict()}))
+                              "finish_reason": finish, "stats": stats.as_dict() if stats is not None else None}))
         else:
             print()
             print(stats_line("mtp" if model.has_assistant else "plain", stats), file=sys.stderr)

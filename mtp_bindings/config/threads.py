@@ -78,9 +78,9 @@ def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     limits = []
     for d in _cgroup_v2_dirs(root):
         try:
-            quota, period = (d / "cpu.max").read_text().split()[:2]
-            if quota != "max":
-                limits.append(int(quota) / int(period))
+            v2_quota, v2_period = (d / "cpu.max").read_text().split()[:2]
+            if v2_quota != "max":
+                limits.append(int(v2_quota) / int(v2_period))
         except (OSError, ValueError):
             continue
     if limits:

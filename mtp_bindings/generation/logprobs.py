@@ -13,6 +13,7 @@ per token, and an ``argpartition`` when alternatives are asked for). Pure numpy.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -34,8 +35,8 @@ class TokenLogprob:
     token: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
-    bytes: bytes = b""
-    top_bytes: list[bytes] = field(default_factory=list)
+    bytes: builtins.bytes = b""  # the field's name is OpenAI's; the type is spelled so that the name does not hide it
+    top_bytes: list[builtins.bytes] = field(default_factory=list)
 
     @property
     def text(self) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterator
-from typing import Any
+from typing import Any, cast
 
 from ..config.params import DraftParams, SamplingParams
 from ..llama_context import LlamaContext
@@ -48,7 +48,7 @@ def generation_pieces(model: LlamaModel, context: LlamaContext | None, prompt: l
     # idle one of the model's pool, or the caller's, refused with ContextBusyError if another owns it
     lease = model.generation_context() if context is None else context.generation_claim(stream)
     with lease as leased, sampler_for(sp, model.n_vocab, model.vocab) as sampler:
-        ctx = leased if context is None else context
+        ctx = cast(LlamaContext, leased if context is None else context)  # the pool's lease yields one, a claim None
         rounds = token_rounds(ctx, prompt, sampler, max_tokens, opts, stats, tracer,
                               prompt_progress=watch, logprobs=recorder,
                               constraint=constraint) if max_tokens > 0 else iter(())

@@ -65,12 +65,12 @@ def read_summary(path: str | os.PathLike[str]) -> GGUFSummary:
     except Exception as e:  # the reader raises IndexError, KeyError, ...
         raise ModelLoadError(f"{p} is corrupt, not a readable GGUF: {type(e).__name__}: {e}") from None
     meta: dict[str, Any] = {}
-    for name, f in reader.fields.items():
+    for name, field in reader.fields.items():
         if name.startswith("tokenizer.ggml.") and name.split(".")[-1] in ("tokens", "scores", "token_type", "merges"):
-            meta[name] = f"<{len(f.data)} entries>"
+            meta[name] = f"<{len(field.data)} entries>"
             continue
         try:
-            meta[name] = f.contents()
+            meta[name] = field.contents()
         except Exception:
             meta[name] = "<unreadable>"
     tensors = {}

@@ -41,8 +41,7 @@ def assistant_candidates(target: str | os.PathLike[str]) -> list[Path]:
         names.append("-".join(parts[:cut] + [_WORD] + parts[cut:]) + suffix)
     for sep in ("-", "_", "."):
         names.append(f"{stem}{sep}{_WORD}{suffix}")
-    seen: set[str] = set()
-    return [p.with_name(n) for n in names if not (n in seen or seen.add(n)) and n != p.name]
+    return [p.with_name(n) for n in dict.fromkeys(names) if n != p.name]  # first occurrences, in order
 
 
 def find_assistant(target: str | os.PathLike[str]) -> Path | None:

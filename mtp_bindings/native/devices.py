@@ -267,7 +267,8 @@ def _local_default_devices() -> list[Any]:
     """The devices llama.cpp's default selection takes besides RPC ones: the GPUs, else the
     integrated GPUs of one backend (its de-duplication of one GPU seen by two backends is left out:
     this list is used only once RPC servers are registered)."""
-    gpus, igpus = [], []
+    gpus: list[Any] = []
+    igpus: list[Any] = []
     for _, dev in _offload_devices():
         kind = lib.ggml_backend_dev_type(dev)
         reg = lib.ggml_backend_dev_backend_reg(dev)

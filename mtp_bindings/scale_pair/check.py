@@ -169,8 +169,9 @@ def compare(small: list[Run], big: list[Run], n_real: int, p: int) -> dict[str, 
         if not g.identical:
             partings.append(f"prompt {i} greedy: {g.describe()}")
         for head in drafts["identical"]:
+            dense_logits = s.draft_logits["dense"]
             d = compare_greedy(s.drafts["dense"], b.drafts[head],
-                               lambda j, s=s, n=n_vocab: _padded(s.draft_logits["dense"][j], n), LOGIT_TOL)
+                               lambda j: _padded(dense_logits[j], n_vocab), LOGIT_TOL)
             drafts["identical"][head] += d.identical
             drafts["agree"][head] += d.agrees
             if not d.identical:

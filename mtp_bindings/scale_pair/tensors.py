@@ -156,7 +156,7 @@ def head_rows(side: Side, swa: bool, kv: bool) -> np.ndarray:
 def pad2(a: np.ndarray, shape: tuple[int, int], rows: np.ndarray | None = None, cols: np.ndarray | None = None,
          dtype: type = np.float16) -> np.ndarray:
     """``a`` placed in a zero matrix of ``shape`` (rows/cols: index maps, default the leading ones)."""
-    out = np.zeros(shape, dtype=dtype)
+    out: np.ndarray = np.zeros(shape, dtype=dtype)
     r = np.arange(a.shape[0]) if rows is None else rows
     c = np.arange(a.shape[1]) if cols is None else cols
     out[np.ix_(r, c)] = a

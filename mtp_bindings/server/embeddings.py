@@ -121,7 +121,7 @@ def _vectors(embedder: Embedder, inputs: Any, norm: int) -> tuple[list[np.ndarra
     return out, [len(toks) for toks in lists]
 
 
-def _encoded(vec: np.ndarray, encoding_format: str) -> list[float] | str:
+def _encoded(vec: np.ndarray, encoding_format: str | None) -> list[float] | str:
     """A vector as OpenAI sends it: floats, or base64 of its little-endian float32 bytes."""
     if encoding_format == "base64":
         return base64.b64encode(vec.astype("<f4").tobytes()).decode("ascii")

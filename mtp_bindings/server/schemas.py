@@ -60,11 +60,12 @@ def _accepts(cls: type, name: str, value: float) -> bool:
 
 
 def _sampling(name: str, **narrow: float) -> Any:
-    return Field(None, **library_range(SamplingParams, name, **narrow))
+    bounds: dict[str, Any] = library_range(SamplingParams, name, **narrow)
+    return Field(None, **bounds)
 
 
 def _draft_n_max(**kwargs: Any) -> Any:
-    return Field(None, **kwargs, **library_range(DraftParams, "draft_n_max"))
+    return Field(None, **{**kwargs, **library_range(DraftParams, "draft_n_max")})
 
 
 class StreamOptions(BaseModel):
