@@ -62,7 +62,9 @@ BUILTIN_NAMES = {"int8_t", "uint8_t", "int16_t", "uint16_t", "int32_t", "uint32_
 
 # C helpers compiled into the module: Python callbacks (extern "Python") and a silent log sink, so
 # that ``verbose=False`` never calls into Python from native threads.
+# (a #define's value comes from the header when the module is compiled: "...")
 CDEF_EXTRA = """
+#define LLAMA_MTP_MAX_STEPS ...
 extern "Python" void _mtp_log_callback(enum ggml_log_level, const char *, void *);
 extern "Python" bool _mtp_progress_callback(float, void *);
 void mtp_log_silent(enum ggml_log_level level, const char * text, void * user_data);

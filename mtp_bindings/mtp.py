@@ -32,10 +32,10 @@ from .native.devices import placement_array
 from .exceptions import AssistantLoadError, InvalidParameterError, MTPBusyError, MTPError, NoAssistantError
 from .llama_model import LlamaModel
 from .native.mtp_status import MTP_ERR_BUSY, MTP_ERR_NO_ASSISTANT, status_text
-from .config.params import DRAFT_N_MAX, THREADS_MAX, valid_thread_count
+from .config.params import THREADS_MAX, valid_thread_count
 from .native.threadpool import ThreadPool
 
-MTP_N_STEPS_MAX = DRAFT_N_MAX  # LLAMA_MTP_MAX_STEPS
+MTP_N_STEPS_MAX: int = lib.LLAMA_MTP_MAX_STEPS
 
 
 def attach_assistant(model: LlamaModel, path: Any, n_gpu_layers: int | None = None,

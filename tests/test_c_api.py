@@ -38,3 +38,11 @@ def test_c_api_suite_passes(c_test_binary):
     failed = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
     assert proc.returncode == 0 and summary.group(2) == "0", failed
     assert int(summary.group(1)) >= 10
+
+
+def test_the_python_draft_bound_is_the_c_apis():
+    """config.params.DRAFT_N_MAX mirrors LLAMA_MTP_MAX_STEPS for the pure layer, which cannot import the module."""
+    from mtp_bindings.config.params import DRAFT_N_MAX
+    from mtp_bindings.native._native import lib
+
+    assert DRAFT_N_MAX == lib.LLAMA_MTP_MAX_STEPS

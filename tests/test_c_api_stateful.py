@@ -49,7 +49,7 @@ MAX_CELLS = CELLS_PER_SEQ - N_BATCH  # the model never fills a stream
 # not): removing more of the tail than the window would leave the sequence's new last position outside
 # it, so llama_memory_seq_pos_max would no longer be the model's (an upstream limit, not MTP's)
 MAX_TAIL_RM = 32
-MAX_STEPS = 16  # LLAMA_MTP_MAX_STEPS (a #define: not in the cffi module)
+MAX_STEPS = lib.LLAMA_MTP_MAX_STEPS
 
 OK = lib.LLAMA_MTP_OK
 INVALID_ARG = lib.LLAMA_MTP_ERR_INVALID_ARG

@@ -19,7 +19,8 @@ from typing import Any
 from ..exceptions import InvalidParameterError
 from .limits import DEFAULT_N_CTX
 
-# The C API's LLAMA_MTP_MAX_STEPS: the most tokens one MTP request drafts.
+# The C API's LLAMA_MTP_MAX_STEPS (lib.LLAMA_MTP_MAX_STEPS; this pure layer cannot import it, and
+# tests/test_c_api.py checks that the two agree): the most tokens one MTP request drafts.
 DRAFT_N_MAX = 16
 SKIP_STREAK_MAX = 32
 THREADS_MAX = 512
