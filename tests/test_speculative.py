@@ -51,10 +51,14 @@ def trained(trained_paths):
        draft_n_max=st.integers(1, 6), depth2=st.booleans())
 def test_greedy_mtp_equals_plain_greedy(pair, prompt, draft_n_max, depth2):
     name, model, ctx = pair
-    plain = model.generate(prompt, max_tokens=40, draft_n_max=0, context=ctx, temperature=0)
+    # no prompt cache: both decode the prompt in one batch. With it, the two started from KV computed in other
+    # splits (the earlier examples' histories), and with this f32 KV cache a split prompt rounds differently (up
+    # to 7.5e-5 on a Zen 4): one run in ten parted at a near-tie, which is no MTP error
+    plain = model.generate(prompt, max_tokens=40, draft_n_max=0, context=ctx, temperature=0, cache_prompt=False)
     # a prompt whose greedy continuation ends at once leaves nothing to draft (e.g. " )a)c::=(e==" on ple)
     assume(len(plain.tokens) > 1)
-    spec = model.generate(prompt, max_tokens=40, draft_n_max=draft_n_max, depth2=depth2, context=ctx, temperature=0)
+    spec = model.generate(prompt, max_tokens=40, draft_n_max=draft_n_max, depth2=depth2, context=ctx, temperature=0,
+                          cache_prompt=False)
     assert spec.stats.n_drafted > 0
     assert_same_greedy(plain, spec, name)
 

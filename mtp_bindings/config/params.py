@@ -230,8 +230,9 @@ class DraftParams:
     """Knobs of the speculative loop (see the README's table). ``h_idx="last"`` reproduces the
     design's regression (tests only)."""
 
-    draft_n_max: int = field(default=3, metadata=_int(0, DRAFT_N_MAX, "tokens drafted per round (0: plain)"))
-    # draft_n_max is the ceiling of a count chosen each round (the ``auto`` preset), not a fixed count
+    # no default: the count is a preset's (config/presets.py, the default one ``auto``) or the caller's
+    draft_n_max: int = field(metadata=_int(0, DRAFT_N_MAX, "tokens drafted per round (0: plain)"))
+    # auto: draft_n_max is the ceiling of a count chosen each round (the ``auto`` preset), not a fixed count
     auto: bool = False
     depth2: bool = True
     skip_streak: int = field(default=0, metadata=_int(0, SKIP_STREAK_MAX, "skip a round after this many "
