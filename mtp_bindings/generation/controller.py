@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol
@@ -56,15 +57,22 @@ class _Window:
     slow), and one such round moved a mean (and the choice) for many rounds; simulated with such noise, auto lost
     6-10 % to the best fixed count. An age limit: a cost measured only by a probe now and then (plain decoding
     while drafting pays) would otherwise be the median of measurements from another phase of the machine (a VM's
-    speed moves by 20-100 % for seconds), and a probe could not correct it."""
+    speed moves by 20-100 % for seconds), and a probe could not correct it. Adding is O(1); the median is taken
+    when an estimate is read (a plain round on the tiny pair takes 0.35 ms: sorting at every add cost 3 %)."""
+
+    __slots__ = ("values",)
 
     def __init__(self) -> None:
-        self.values: list[tuple[int, float]] = []  # (round, seconds)
+        self.values: deque[tuple[int, float]] = deque()  # (round, seconds)
 
-    def add(self, x: float, now: int) -> float:
-        self.values.append((now, x))
-        self.values = [v for v in self.values[-COST_WINDOW:] if v[0] > now - COST_MAX_AGE]
-        ordered = sorted(v for _, v in self.values)
+    def add(self, x: float, now: int) -> None:
+        v = self.values
+        v.append((now, x))
+        while len(v) > COST_WINDOW or v[0][0] <= now - COST_MAX_AGE:  # the newest is never too old
+            v.popleft()
+
+    def median(self) -> float:
+        ordered = sorted(x for _, x in self.values)
         n = len(ordered)
         return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
 
@@ -82,38 +90,71 @@ class RoundCost:
 
 @dataclass
 class CostModel:
-    """Running means of what rounds cost on one context (kept there across requests: a context's
+    """Running estimates of what rounds cost on one context (kept there across requests: a context's
     threads, weights and machine do not change between them), and the acceptance it has seen."""
 
-    verify: dict[int, float] = field(default_factory=dict)  # rows -> seconds
-    draft: dict[int, float] = field(default_factory=dict)   # drafts -> seconds waited
-    sample_row: float | None = None
-    host: float | None = None
-    # whole rounds by k, start to start: what the parts miss (drafting beside the host's work, contention)
-    total: dict[int, float] = field(default_factory=dict)
     # acceptance of earlier requests by sampler settings (what is accepted at temperature 0 says little
     # about 1.5): per position, drafts reached and drafts accepted
     pools: dict[Hashable, tuple[list[float], list[float]]] = field(default_factory=dict)
-    # the measurements behind each estimate above, by (what, size)
-    windows: dict[tuple[str, int], _Window] = field(default_factory=dict, repr=False)
-
     rounds: int = 0  # rounds observed on this context (the clock of the windows' age limit)
+    # the measurements behind each estimate, by kind and size; the estimates, refreshed when read
+    windows: dict[str, dict[int, _Window]] = field(default_factory=dict, repr=False)
+    _estimates: dict[str, dict[int, float]] = field(default_factory=dict, repr=False)
+    _stale: set[tuple[str, int]] = field(default_factory=set, repr=False)
 
-    def _add(self, what: str, size: int, x: float) -> float:
-        return self.windows.setdefault((what, size), _Window()).add(x, self.rounds)
+    def _add(self, kind: str, size: int, x: float) -> None:
+        window = self.windows.setdefault(kind, {}).get(size)
+        if window is None:
+            window = self.windows[kind][size] = _Window()
+        window.add(x, self.rounds)
+        self._stale.add((kind, size))
+
+    def _estimate(self, kind: str) -> dict[int, float]:
+        if self._stale:
+            for k, size in self._stale:
+                self._estimates.setdefault(k, {})[size] = self.windows[k][size].median()
+            self._stale.clear()
+        return self._estimates.get(kind, {})
+
+    def measured(self, kind: str) -> dict[int, _Window]:
+        """The sizes of ``kind`` measured so far (keys), without taking any median."""
+        return self.windows.get(kind, {})
+
+    @property
+    def verify(self) -> dict[int, float]:
+        """decode(rows), seconds, by rows measured."""
+        return self._estimate("verify")
+
+    @property
+    def draft(self) -> dict[int, float]:
+        """The wait for k drafts, seconds, by k measured."""
+        return self._estimate("draft")
+
+    @property
+    def total(self) -> dict[int, float]:
+        """Whole rounds by k, start to start: what the parts miss (drafting beside the host's work, contention)."""
+        return self._estimate("total")
+
+    @property
+    def sample_row(self) -> float | None:
+        return self._estimate("sample").get(0)
+
+    @property
+    def host(self) -> float | None:
+        return self._estimate("host").get(0)
 
     def observe(self, c: RoundCost) -> None:
         self.rounds += 1
         rows = c.k + 1
-        self.verify[rows] = self._add("verify", rows, c.verify)
+        self._add("verify", rows, c.verify)
         if c.k:
-            self.draft[c.k] = self._add("draft", c.k, c.draft)
-        self.sample_row = self._add("sample", 0, c.sample / rows)
+            self._add("draft", c.k, c.draft)
+        self._add("sample", 0, c.sample / rows)
 
     def observe_round(self, c: RoundCost, seconds: float) -> None:
         """A whole round with its parts ``c`` took ``seconds``, from its start to the next round's."""
-        self.host = self._add("host", 0, max(seconds - c.draft - c.verify - c.sample, 0.0))
-        self.total[c.k] = self._add("total", c.k, seconds)
+        self._add("host", 0, max(seconds - c.draft - c.verify - c.sample, 0.0))
+        self._add("total", c.k, seconds)
 
     def decode1(self) -> float:
         """decode(1), seconds (1.0, a unit, before anything was measured)."""
@@ -312,7 +353,8 @@ class AutoCount:
         return self.costs_and_rates()[1]
 
     def choose(self) -> int:
-        if self.plain_wanted or (0 not in self.costs.total and (self.costs.total or self.tried[0])):
+        rounds_seen = self.costs.measured("total")  # not .total: that takes the medians, this is every round
+        if self.plain_wanted or (0 not in rounds_seen and (rounds_seen or self.tried[0])):
             # Plain rounds until one is measured: asked by a probe down to plain decoding, or because drafting has
             # begun on this context and no plain round was ever measured (T(0) would be T(k) less the parts'
             # difference, carrying whatever every drafting round pays unseen: most of a round on a host-bound
