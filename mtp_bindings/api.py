@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .embeddings import EmbedInput, embed
@@ -118,21 +119,25 @@ class Model(LlamaModel):
         """Save a context's sequence (default: the one ``generate`` uses) -- its KV and the tokens of
         its last generation -- to ``path``, any drafting request in flight drained first (see
         :mod:`mtp_bindings.generation.state`)."""
-        if context is not None:
-            return save_state(context, path, seq_id=seq_id)
-        # the pool's most recently used context (the last generate's), owned meanwhile like a generation's
-        with self.generation_context() as ctx, ctx.generation_round():
+        with self._state_context(context) as ctx:
             return save_state(ctx, path, seq_id=seq_id)
 
     def load_state(self, path: str | os.PathLike[str], *, context: LlamaContext | None = None, seq_id: int = 0) -> StateIO:
         """Restore a sequence saved by :meth:`save_state` into ``context`` (default: the one
         ``generate`` uses): a ``generate`` whose prompt starts with the saved tokens then goes on
         as if never interrupted, decoding only what follows them."""
-        if context is not None:
-            return load_state(context, path, seq_id=seq_id)
-        # back in the pool after as its most recent: the next generate's
-        with self.generation_context() as ctx, ctx.generation_round():
+        with self._state_context(context) as ctx:
             return load_state(ctx, path, seq_id=seq_id)
+
+    @contextmanager
+    def _state_context(self, context: LlamaContext | None) -> Iterator[LlamaContext]:
+        """``context``, else the pool's most recent (the one ``generate`` uses, and will use next), owned for
+        the call as a generation would own it."""
+        if context is not None:
+            yield context
+            return
+        with self.generation_context() as ctx, ctx.generation_round():
+            yield ctx
 
 
 # help() and inspect.signature show what these forward: LlamaModel's loading settings and the context settings

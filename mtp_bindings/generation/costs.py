@@ -1,0 +1,212 @@
+"""What rounds cost on one context, as :mod:`.controller`'s ``auto`` measures them: running estimates of
+decode(rows), the wait for k drafts, sampling per row, the rest of a round and whole rounds by k (each the
+median of a window of measurements), and the acceptance earlier requests saw, pooled by sampler settings.
+Kept on the context across requests (a context's threads, weights and machine do not change between them).
+Pure Python.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+ACCEPT_PRIOR = 0.6        # conditional acceptance per position before anything was measured
+COST_WINDOW = 15          # a cost's estimate is the median of its last this many measurements ...
+COST_MAX_AGE = 48         # ... taken in the context's last this many rounds (the newest one is always kept)
+VERIFY_SLOPE_PRIOR = 0.1  # decode(n) = decode(1) (1 + slope (n - 1)) until two sizes are measured
+DRAFT_STEP_PRIOR = 0.1    # a draft step / decode(1), until a draft is measured
+POOL_MAX = 256.0          # observations the context's pooled acceptance keeps per position
+
+
+class _Window:
+    """The last ``COST_WINDOW`` measurements of one cost, none older than ``COST_MAX_AGE`` rounds; its estimate is
+    their median. A median, not a running mean: this kind of VM's rounds have heavy tails (one in ten 1.5-4x
+    slow), and one such round moved a mean (and the choice) for many rounds; simulated with such noise, auto lost
+    6-10 % to the best fixed count. An age limit: a cost measured only by a probe now and then (plain decoding
+    while drafting pays) would otherwise be the median of measurements from another phase of the machine (a VM's
+    speed moves by 20-100 % for seconds), and a probe could not correct it. Adding is O(1); the median is taken
+    when an estimate is read (a plain round on the tiny pair takes 0.35 ms: sorting at every add cost 3 %)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self) -> None:
+        self.values: deque[tuple[int, float]] = deque()  # (round, seconds)
+
+    def add(self, x: float, now: int) -> None:
+        v = self.values
+        v.append((now, x))
+        while len(v) > COST_WINDOW or v[0][0] <= now - COST_MAX_AGE:  # the newest is never too old
+            v.popleft()
+
+    def median(self) -> float:
+        ordered = sorted(x for _, x in self.values)
+        n = len(ordered)
+        return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+
+
+@dataclass
+class RoundCost:
+    """What one round took, seconds: ``draft`` the wait for its ``k`` drafts, ``verify`` the
+    target's decode, ``sample`` the sampler over its rows."""
+
+    k: int
+    draft: float
+    verify: float
+    sample: float
+
+
+@dataclass
+class CostModel:
+    """Running estimates of what rounds cost on one context (kept there across requests: a context's
+    threads, weights and machine do not change between them), and the acceptance it has seen."""
+
+    # acceptance of earlier requests by sampler settings (what is accepted at temperature 0 says little
+    # about 1.5): per position, drafts reached and drafts accepted
+    pools: dict[Hashable, tuple[list[float], list[float]]] = field(default_factory=dict)
+    rounds: int = 0  # rounds observed on this context (the clock of the windows' age limit)
+    # the measurements behind each estimate, by kind and size; the estimates, refreshed when read
+    windows: dict[str, dict[int, _Window]] = field(default_factory=dict, repr=False)
+    _estimates: dict[str, dict[int, float]] = field(default_factory=dict, repr=False)
+    _stale: set[tuple[str, int]] = field(default_factory=set, repr=False)
+
+    def _add(self, kind: str, size: int, x: float) -> None:
+        window = self.windows.setdefault(kind, {}).get(size)
+        if window is None:
+            window = self.windows[kind][size] = _Window()
+        window.add(x, self.rounds)
+        self._stale.add((kind, size))
+
+    def _estimate(self, kind: str) -> dict[int, float]:
+        if self._stale:
+            for k, size in self._stale:
+                self._estimates.setdefault(k, {})[size] = self.windows[k][size].median()
+            self._stale.clear()
+        return self._estimates.get(kind, {})
+
+    def measured(self, kind: str) -> dict[int, _Window]:
+        """The sizes of ``kind`` measured so far (keys), without taking any median."""
+        return self.windows.get(kind, {})
+
+    @property
+    def verify(self) -> dict[int, float]:
+        """decode(rows), seconds, by rows measured."""
+        return self._estimate("verify")
+
+    @property
+    def draft(self) -> dict[int, float]:
+        """The wait for k drafts, seconds, by k measured."""
+        return self._estimate("draft")
+
+    @property
+    def total(self) -> dict[int, float]:
+        """Whole rounds by k, start to start: what the parts miss (drafting beside the host's work, contention)."""
+        return self._estimate("total")
+
+    @property
+    def sample_row(self) -> float | None:
+        return self._estimate("sample").get(0)
+
+    @property
+    def host(self) -> float | None:
+        return self._estimate("host").get(0)
+
+    def observe(self, c: RoundCost) -> None:
+        self.rounds += 1
+        rows = c.k + 1
+        self._add("verify", rows, c.verify)
+        if c.k:
+            self._add("draft", c.k, c.draft)
+        self._add("sample", 0, c.sample / rows)
+
+    def observe_round(self, c: RoundCost, seconds: float) -> None:
+        """A whole round with its parts ``c`` took ``seconds``, from its start to the next round's."""
+        self._add("host", 0, max(seconds - c.draft - c.verify - c.sample, 0.0))
+        self._add("total", c.k, seconds)
+
+    def decode1(self) -> float:
+        """decode(1), seconds (1.0, a unit, before anything was measured)."""
+        if 1 in self.verify:
+            return self.verify[1]
+        if not self.verify:
+            return 1.0
+        n = min(self.verify)
+        return self.verify[n] / (1.0 + VERIFY_SLOPE_PRIOR * (n - 1))
+
+    def verify_cost(self, rows: int) -> float:
+        """decode(rows): measured, else interpolated between the nearest measured sizes, else
+        extrapolated with the measured slope (the prior's where fewer than two sizes were seen)."""
+        if rows in self.verify:
+            return self.verify[rows]
+        v1 = self.decode1()
+        seen = sorted(self.verify)
+        lo = [n for n in seen if n < rows]
+        hi = [n for n in seen if n > rows]
+        if lo and hi:
+            a, b = lo[-1], hi[0]
+            return self.verify[a] + (self.verify[b] - self.verify[a]) * (rows - a) / (b - a)
+        slope = VERIFY_SLOPE_PRIOR * v1
+        if len(seen) >= 2:
+            a, b = (seen[-2], seen[-1]) if lo else (seen[0], seen[1])
+            slope = max((self.verify[b] - self.verify[a]) / (b - a), 0.0)
+        if lo:
+            return self.verify[lo[-1]] + slope * (rows - lo[-1])
+        if hi:
+            return max(self.verify[hi[0]] - slope * (hi[0] - rows), 0.5 * v1)
+        return v1 * (1.0 + VERIFY_SLOPE_PRIOR * (rows - 1))
+
+    def draft_cost(self, k: int) -> float:
+        """The wait for ``k`` drafts: measured, else ``k`` times the measured cost per draft."""
+        if k == 0:
+            return 0.0
+        if k in self.draft:
+            return self.draft[k]
+        if self.draft:
+            return k * sum(v / n for n, v in self.draft.items()) / len(self.draft)
+        return k * DRAFT_STEP_PRIOR * self.decode1()
+
+    def parts_cost(self, k: int) -> float:
+        """T(k) from the parts: decode, drafts, sampling, the rest."""
+        return self.verify_cost(k + 1) + self.draft_cost(k) + (self.sample_row or 0.0) * (k + 1) + (self.host or 0.0)
+
+    def round_costs(self, k_max: int) -> list[float]:
+        """T(k) for k in ``0..k_max``: what whole rounds with ``k`` drafts took, else the nearest measured
+        count's, moved by what the parts say the difference costs."""
+        parts = [self.parts_cost(k) for k in range(k_max + 1)]
+        if not self.total:
+            return parts
+        out = []
+        for k, part in enumerate(parts):
+            if k in self.total:
+                out.append(self.total[k])
+                continue
+            # a drafting count from a measured drafting count where there is one: drafting rounds pay what plain
+            # ones do not (the drafting graph, the hidden state), and no part shows all of it
+            seen = [n for n in self.total if n] if k and any(self.total) else list(self.total)
+            near = min(seen, key=lambda n: (abs(n - k), n))
+            near_part = parts[near] if near <= k_max else self.parts_cost(near)
+            out.append(max(self.total[near] + part - near_part, 0.1 * part))
+        return out
+
+    def acceptance_prior(self, k_max: int, key: Hashable = None) -> list[float]:
+        """Per position, what earlier requests with sampler settings ``key`` accepted on this context
+        (a position never reached takes the one before it, the first the prior)."""
+        tried, accepted = self.pools.get(key, ([], []))
+        out: list[float] = []
+        for i in range(k_max):
+            if i < len(tried) and tried[i] >= 1.0:
+                out.append(accepted[i] / tried[i])
+            else:
+                out.append(out[-1] if out else ACCEPT_PRIOR)
+        return out
+
+    def pool(self, tried: list[int], accepted: list[int], key: Hashable = None) -> None:
+        """Add a finished request's counts per position to ``key``'s pool (old ones fade past ``POOL_MAX``)."""
+        pooled_tried, pooled_accepted = self.pools.setdefault(key, ([], []))
+        for i, (t, a) in enumerate(zip(tried, accepted)):
+            if i >= len(pooled_tried):
+                pooled_tried.append(0.0)
+                pooled_accepted.append(0.0)
+            scale = min(1.0, POOL_MAX / (pooled_tried[i] + t)) if t else 1.0
+            pooled_tried[i] = (pooled_tried[i] + t) * scale
+            pooled_accepted[i] = (pooled_accepted[i] + a) * scale
