@@ -41,8 +41,13 @@ KV_TYPES = {
     "f32": "GGML_TYPE_F32", "f16": "GGML_TYPE_F16", "bf16": "GGML_TYPE_BF16",
     "q8_0": "GGML_TYPE_Q8_0", "q4_0": "GGML_TYPE_Q4_0", "q4_1": "GGML_TYPE_Q4_1",
     "q5_0": "GGML_TYPE_Q5_0", "q5_1": "GGML_TYPE_Q5_1", "iq4_nl": "GGML_TYPE_IQ4_NL",
+    "turbo4": "GGML_TYPE_TURBO4_0", "turbo3": "GGML_TYPE_TURBO3_0", "turbo2": "GGML_TYPE_TURBO2_0",
 }
 UNQUANTIZED_KV = ("f32", "f16", "bf16")
+# TurboQuant (patches 0019, 0118): 128-value codebook blocks of Hadamard-rotated rows, 4.125 / 3.125 / 2.125 bits a value;
+# every head size of the model must be a multiple of the block
+TURBO_KV = ("turbo4", "turbo3", "turbo2")
+TURBO_BLOCK = 128
 FLASH_ATTN = {"auto": "LLAMA_FLASH_ATTN_TYPE_AUTO", "on": "LLAMA_FLASH_ATTN_TYPE_ENABLED",
               "off": "LLAMA_FLASH_ATTN_TYPE_DISABLED"}
 # How an embedding context pools a sequence's token vectors (llama-server's --pooling; "none": one per token).
@@ -276,8 +281,9 @@ def check_draft_overrides(draft_n_max: int | None = None, skip_streak: int | Non
 # contexts
 # ------------------------------------------------------------------------------------------------
 
-def resolve_flash_attn(flash_attn: str, type_v: str) -> str:
-    """``auto`` means off unless the V cache is quantized (which needs flash attention).
+def resolve_flash_attn(flash_attn: str, type_v: str, type_k: str = "f16") -> str:
+    """``auto`` means off unless the V cache is quantized (which needs flash attention) or K is a TurboQuant
+    type (whose dot products flash attention takes on the codes).
 
     Speculative verification decodes k+1 tokens at once and must give the logits a one-token
     decode gives; on the CPU it does, bit for bit, with flash attention off and on (every kernel of a
@@ -286,7 +292,7 @@ def resolve_flash_attn(flash_attn: str, type_v: str) -> str:
     only way to keep "MTP output == plain output"; on is equally exact now."""
     if flash_attn != "auto":
         return flash_attn
-    return "on" if type_v not in UNQUANTIZED_KV else "off"
+    return "on" if type_v not in UNQUANTIZED_KV or type_k in TURBO_KV else "off"
 
 
 @dataclass
@@ -345,7 +351,7 @@ class ContextParams:
     @property
     def resolved_flash_attn(self) -> str:
         """The flash-attention mode this context gets (see :func:`resolve_flash_attn`)."""
-        return resolve_flash_attn(self.flash_attn, self.type_v)
+        return resolve_flash_attn(self.flash_attn, self.type_v, self.type_k)
 
 
 def valid_thread_count(v: object) -> bool:
