@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..hub import DEFAULT_QUANT
 from ..config.limits import CLI_N_PREDICT, DEFAULT_N_CTX, UNTIL_FULL
-from ..config.params import FLASH_ATTN, SAMPLING_DEFAULTS, ContextParams
+from ..config.params import FLASH_ATTN, KV_TYPES, SAMPLING_DEFAULTS, ContextParams
 from ..config.presets import DEFAULT_PRESET, PRESETS
 from .upstream import add_speculative_args
 
@@ -118,9 +118,9 @@ def add_model_args(p: argparse.ArgumentParser, *, no_mtp: bool = True) -> None:
                         "across them (the MTP assistant follows the target)")
     p.add_argument("--no-mmap", action="store_true", help="read the model into memory instead of mapping it")
     p.add_argument("-ctk", "--cache-type-k", default=CONTEXT_DEFAULTS.type_k,
-                   help=f"KV cache type of K: f16, q8_0, ... (default {CONTEXT_DEFAULTS.type_k})")
+                   help=f"KV cache type of K: {', '.join(KV_TYPES)} (default {CONTEXT_DEFAULTS.type_k})")
     p.add_argument("-ctv", "--cache-type-v", default=CONTEXT_DEFAULTS.type_v,
-                   help=f"KV cache type of V: f16, q8_0, ... (default {CONTEXT_DEFAULTS.type_v}; a quantized V "
+                   help=f"KV cache type of V: {', '.join(KV_TYPES)} (default {CONTEXT_DEFAULTS.type_v}; a quantized V "
                         "needs flash attention)")
     p.add_argument("-fa", "--flash-attn", default=CONTEXT_DEFAULTS.flash_attn, choices=sorted(FLASH_ATTN),
                    help=f"flash attention (default {CONTEXT_DEFAULTS.flash_attn}; auto: on only for a quantized "
