@@ -1,4 +1,4 @@
-"""TurboQuant KV caches (patches 0019, 0118; issue 29) and K-shifts of quantized K caches (patch 0018).
+"""TurboQuant KV caches (patches 0019, 0118, 0119; issue 29) and K-shifts of quantized K caches (patch 0018).
 
 * ggml alone (``tests/c/turbo_quant.c``): on random unit vectors the turbo2 / turbo3 / turbo4 codebooks reach
   the Lloyd-Max distortion for a coordinate of a random 128-dimensional unit vector (within 5 %, above the

@@ -44,10 +44,9 @@ KV_TYPES = {
     "turbo4": "GGML_TYPE_TURBO4_0", "turbo3": "GGML_TYPE_TURBO3_0", "turbo2": "GGML_TYPE_TURBO2_0",
 }
 UNQUANTIZED_KV = ("f32", "f16", "bf16")
-# TurboQuant (patches 0019, 0118, 0119): 128-value codebook blocks of Hadamard-rotated rows, 4.125 / 3.125 / 2.125 bits a value;
-# every head size of the model must be a multiple of the block
+# TurboQuant (patches 0019, 0118, 0119): 128-value codebook blocks of Hadamard-rotated rows, 4.125 / 3.125 /
+# 2.125 bits a value (llama.cpp refuses a model whose head size the block does not divide)
 TURBO_KV = ("turbo4", "turbo3", "turbo2")
-TURBO_BLOCK = 128
 FLASH_ATTN = {"auto": "LLAMA_FLASH_ATTN_TYPE_AUTO", "on": "LLAMA_FLASH_ATTN_TYPE_ENABLED",
               "off": "LLAMA_FLASH_ATTN_TYPE_DISABLED"}
 # How an embedding context pools a sequence's token vectors (llama-server's --pooling; "none": one per token).
