@@ -16,15 +16,19 @@ SRC=vendor/llama.cpp/ggml
 # and its variants then took other q8_0 / f16 paths than the ones users get)
 common="-DGGML_LLAMAFILE=ON"
 base="$common -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_F16C=ON -DGGML_FMA=ON -DGGML_AVX2=ON -DGGML_BMI2=ON"
+# with GGML_NATIVE off ggml turns AVX..AVX2 on unless told otherwise: the pre-AVX variants say no to each
+none="-DGGML_NATIVE=OFF -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF -DGGML_SSE42=OFF"
 for name in "$@"; do
     case "$name" in
         native)   flags="$common -DGGML_NATIVE=ON" ;;
+        x64)      flags="$common $none" ;;
+        sse42)    flags="$common $none -DGGML_SSE42=ON" ;;
         haswell)  flags="$base" ;;
         skylakex) flags="$base -DGGML_AVX512=ON" ;;
         icelake)  flags="$base -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON" ;;
         zen4)     flags="$base -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON" ;;
         alderlake) flags="$base -DGGML_AVX_VNNI=ON" ;;
-        *) echo "unknown variant $name (native haswell skylakex icelake zen4 alderlake)" >&2; exit 2 ;;
+        *) echo "unknown variant $name (native x64 sse42 haswell skylakex icelake zen4 alderlake)" >&2; exit 2 ;;
     esac
     out=build/cpu-variants/$name
     mkdir -p build/cpu-variants
