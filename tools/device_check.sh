@@ -24,9 +24,13 @@ ROOT=$PWD
 DEV=.device
 PY=${PYTHON:-python3}
 PYVER=${DEVICE_PYTHON_VERSION:-3.12}
-# the packages the GPU machine's image lacks (/work/.library/device/KINDS.md lists what it has)
-WHEELS="cffi pycparser fastapi starlette uvicorn openai pydantic pydantic-core annotated-types typing-inspection
-        jiter distro sniffio h11 click anyio"
+# the packages the GPU machine's image lacks, or has older than ours needs (/work/.library/device/KINDS.md lists
+# what it has), with what they need in turn; pinned to the dev venv's versions where there is one (the set the suite
+# passes with: fastapi and openai each pull newer packages than the image's)
+WHEELS="cffi pycparser gguf llguidance fastapi starlette uvicorn openai pydantic pydantic-core annotated-types
+        annotated-doc typing-inspection typing-extensions opentelemetry-api httpx2 httpcore2 truststore jiter distro
+        sniffio h11 click anyio"
+VENV_PY=${VENV_PY:-.venv/bin/python}
 
 prepare() {
     [ -f vendor/llama.cpp/.mtp-patches.json ] || { echo "no patched vendor/llama.cpp: run make install first" >&2; exit 1; }
@@ -37,10 +41,16 @@ prepare() {
         --exclude=llama.cpp/docs --exclude=llama.cpp/models --exclude=llama.cpp/tests --exclude=llama.cpp/benches \
         --exclude=llama.cpp/examples --exclude=llama.cpp/.mtp-pristine --exclude='*.png' --exclude='*.gguf' llama.cpp
     rm -f "$DEV"/whl/*.whl
-    # shellcheck disable=SC2086
+    local reqs=() name pin frozen=""
+    [ -x "$VENV_PY" ] && frozen=$("$VENV_PY" -m pip freeze 2>/dev/null || true)
+    for name in $WHEELS; do
+        pin=$(grep -i -E "^${name//-/[-_]}==" <<< "$frozen" | head -1 | cut -d= -f3 || true)
+        reqs+=("$name${pin:+==$pin}")
+    done
+    local plats=() n
+    for n in 17 24 27 28 31 34 35 39; do plats+=(--platform "manylinux_2_${n}_x86_64"); done
     "$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version "$PYVER" \
-        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 -d "$DEV/whl" $WHEELS
+        --implementation cp "${plats[@]}" --platform manylinux2014_x86_64 -d "$DEV/whl" "${reqs[@]}"
     du -sh "$DEV"/llama-src.tar.gz "$DEV/whl"
 }
 
@@ -71,10 +81,10 @@ step_test() {
 step_bench() {
     local start; start=$(date +%s)
     # plain vs MTP, every layer on the GPU (-P: the installed package, not the checkout): ours in process and upstream's llama-server (plain, draft-mtp)
-    for pair in tiny e2b; do
+    for pair in ${BENCH_PAIRS:-tiny e2b}; do
         [ "$(left)" -gt 60 ] || { echo "[device-check] no time left for the $pair bench" | tee -a "$OUT/summary.txt"; break; }
         PATH="/tmp/mtp/bin:$PATH" timeout "$(left)" "$PY" -P bench/device_speed.py --device "${MTP_TEST_DEVICE:-CUDA0}" \
-            --pair "$pair" --out "$OUT/speed-$pair.json" > /dev/null 2> "$OUT/speed-$pair.log" \
+            --pair "$pair" --out "$OUT/speed-$pair.json" > /dev/null 2>> "$OUT/bench.log" \
             || echo "[device-check] $pair bench: rc $?" | tee -a "$OUT/summary.txt"
     done
     echo "[device-check] bench: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
