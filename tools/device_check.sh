@@ -73,7 +73,7 @@ step_test() {
     local start; start=$(date +%s)
     MTP_TEST_DEVICE=${MTP_TEST_DEVICE:-CUDA0} PATH="/tmp/mtp/bin:$PATH" \
         timeout "$(left)" "$PY" -P -m pytest -p no:cacheprovider -m vulkan tests/test_vulkan.py -rs -q \
-        --junitxml="$OUT/test.xml" > "$OUT/test.log" 2>&1 || echo "[device-check] tests: rc $?" >> "$OUT/summary.txt"
+        --junitxml=/tmp/test.xml > "$OUT/test.log" 2>&1 || echo "[device-check] tests: rc $?" >> "$OUT/summary.txt"
     tail -3 "$OUT/test.log" | tee -a "$OUT/summary.txt"
     echo "[device-check] test: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
 }
@@ -88,6 +88,43 @@ step_bench() {
             || echo "[device-check] $pair bench: rc $?" | tee -a "$OUT/summary.txt"
     done
     echo "[device-check] bench: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+}
+
+step_diag() {
+    # where a load on the device fails: llama.cpp's log, Python's and (cuda-gdb) the native stack, upstream's
+    # llama-server on the same file, and the load with the CPU's extra buffer types off or no layer offloaded
+    local start; start=$(date +%s) log="$OUT/diag.log" dev=${MTP_TEST_DEVICE:-CUDA0}
+    local model=tests/fixtures/dense-target.gguf
+    { lscpu | grep -E 'Model name|Flags' | cut -c1-400; } >> "$log" 2>&1
+    cat > /tmp/diag_load.py <<PYEOF
+import faulthandler, logging, sys
+faulthandler.enable()
+logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(name)s: %(message)s")
+from mtp_bindings import Model
+from mtp_bindings.native.devices import list_devices
+print("devices:", [d.name for d in list_devices()], flush=True)
+kw = {"n_gpu_layers": -1, "devices": "$dev", "verbose": True}
+if sys.argv[1] == "norepack":
+    kw["repack"] = False
+elif sys.argv[1] == "ngl0":
+    kw["n_gpu_layers"] = 0
+with Model("$model", **kw) as m:
+    print("LOADED", sys.argv[1], flush=True)
+PYEOF
+    local v rc
+    for v in default norepack ngl0; do
+        rc=0; timeout 60 "$PY" -P /tmp/diag_load.py "$v" >> "$log" 2>&1 || rc=$?
+        echo "[device-check] diag load $v: rc $rc" | tee -a "$OUT/summary.txt" >> "$log"
+    done
+    local srv=/tmp/mtp/mtp_bindings/bin/llama-server
+    rc=0; timeout 20 "$srv" -m "$model" -ngl 99 -dev "$dev" --port 18181 >> "$log" 2>&1 || rc=$?
+    echo "[device-check] diag upstream llama-server load (124 = still serving): rc $rc" | tee -a "$OUT/summary.txt"
+    local gdb; gdb=$(command -v cuda-gdb || echo /usr/local/cuda/bin/cuda-gdb)
+    if [ -x "$gdb" ]; then
+        timeout 120 "$gdb" -q -batch -ex 'set pagination off' -ex 'set confirm off' -ex run -ex bt -ex 'info threads' \
+            --args "$(command -v "$PY")" -P /tmp/diag_load.py default >> "$log" 2>&1 || true
+    fi
+    echo "[device-check] diag: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
 }
 
 run() {
