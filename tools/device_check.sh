@@ -149,5 +149,5 @@ run() {
 case "${1:-}" in
     prepare) prepare ;;
     run) shift; run "$@" ;;
-    *) echo "usage: $0 prepare | run [build|test|bench ...]" >&2; exit 2 ;;
+    *) echo "usage: $0 prepare | run [build|diag|test|bench ...]" >&2; exit 2 ;;
 esac
