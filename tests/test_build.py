@@ -4,6 +4,7 @@ declarations are exactly those of the patched llama.h the library was built from
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,21 @@ def test_cffi_module_needs_no_function_of_a_cpu_backend():
         provided |= _dynamic_symbols(lib_dir / name, "--defined-only")
     needed = {s for s in _dynamic_symbols(ffi_module, "--undefined-only") if s.startswith(("ggml_", "gguf_", "llama_"))}
     assert needed - provided == set()
+
+
+# symbols only the C++ runtime itself defines (its locale and stream machinery, its out-of-line throw helpers)
+_CXX_RUNTIME = re.compile(r"^(_ZNS?K?St6locale|_ZNK?St8ios_base|_ZNK?St7codecvt|_ZSt17__throw_bad_allocv"
+                          r"|_ZSt20__throw_length_errorPKc|_ZNSo9_M_insert)")
+
+
+def test_no_bundled_library_exports_the_cxx_runtime():
+    # a library that links a static copy of libstdc++ and exports it can stand in for libstdc++ in a Python process
+    # (no executable puts libstdc++ first in the lookup): the first H200 run of issue 28 crashed in the model load, in
+    # an ostream insertion bound to libggml-cuda's copy
+    lib_dir = low_level.library_dir()
+    exported = {p.name: sorted(s for s in _dynamic_symbols(p, "--defined-only") if _CXX_RUNTIME.match(s))
+                for p in sorted(lib_dir.glob("*.so")) if not p.is_symlink()}
+    assert exported and {name: syms[:3] for name, syms in exported.items() if syms} == {}
 
 
 def test_loading_registers_one_cpu_backend_and_one_cpu_device():

@@ -71,9 +71,12 @@ step_build() {
 
 step_test() {
     local start; start=$(date +%s)
+    # the build's own checks first (the bundled libraries, what they export), then the tier on the device
+    PATH="/tmp/mtp/bin:$PATH" timeout "$(left)" "$PY" -P -m pytest -p no:cacheprovider tests/test_build.py -rs -q \
+        > "$OUT/test.log" 2>&1 || echo "[device-check] build tests: rc $?" >> "$OUT/summary.txt"
     MTP_TEST_DEVICE=${MTP_TEST_DEVICE:-CUDA0} PATH="/tmp/mtp/bin:$PATH" \
         timeout "$(left)" "$PY" -P -m pytest -p no:cacheprovider -m vulkan tests/test_vulkan.py -rs -q \
-        --junitxml=/tmp/test.xml > "$OUT/test.log" 2>&1 || echo "[device-check] tests: rc $?" >> "$OUT/summary.txt"
+        --junitxml=/tmp/test.xml >> "$OUT/test.log" 2>&1 || echo "[device-check] tests: rc $?" >> "$OUT/summary.txt"
     tail -3 "$OUT/test.log" | tee -a "$OUT/summary.txt"
     echo "[device-check] test: $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
 }
@@ -96,6 +99,19 @@ step_diag() {
     local start; start=$(date +%s) log="$OUT/diag.log" dev=${MTP_TEST_DEVICE:-CUDA0}
     local model=tests/fixtures/dense-target.gguf
     { lscpu | grep -E 'Model name|Flags' | cut -c1-400; } >> "$log" 2>&1
+    # the toolchain and what each bundled library exports of the C++ runtime (issue 28's first H200 run crashed in a
+    # load inside an ostream insertion bound to libggml-cuda's own copy; it should export none)
+    {
+        echo "== toolchain"; command -v gcc g++; g++ --version | head -1; env | grep -E '^(LDFLAGS|CXXFLAGS|CFLAGS|CUDAFLAGS|LD_)=' || true
+        echo "== ggml-cuda's link"; grep -A12 '^build [^:]*libggml-cuda.so[.0-9]*:' build/cuda/build.ninja \
+            | grep -E 'LINK_FLAGS|LINK_LIBRARIES' | cut -c1-1500 || true
+        echo "== C++ runtime symbols each library exports (std::locale, ios_base, codecvt, __throw_bad_alloc, ostream::_M_insert)"
+        for so in /tmp/mtp/mtp_bindings/lib/*.so /tmp/mtp/mtp_bindings/_ffi*.so; do
+            echo "$(basename "$so"): $(nm -D --defined-only "$so" | awk '{print $NF}' \
+                | grep -c -E '^(_ZNS?K?St6locale|_ZNK?St8ios_base|_ZNK?St7codecvt|_ZSt17__throw_bad_allocv|_ZSt20__throw_length_errorPKc|_ZNSo9_M_insert)' || true)"
+            { readelf -d "$so" | grep -E 'NEEDED|RUNPATH' | awk '{print "   " $NF}' | tr '\n' ' '; echo; } || true
+        done
+    } >> "$log" 2>&1
     cat > /tmp/diag_load.py <<PYEOF
 import faulthandler, logging, sys
 faulthandler.enable()
