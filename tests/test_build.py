@@ -3,6 +3,7 @@ declarations are exactly those of the patched llama.h the library was built from
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import subprocess
@@ -59,6 +60,14 @@ def test_no_bundled_library_exports_the_cxx_runtime():
     exported = {p.name: sorted(s for s in _dynamic_symbols(p, "--defined-only") if _CXX_RUNTIME.match(s))
                 for p in sorted(lib_dir.glob("*.so")) if not p.is_symlink()}
     assert exported and {name: syms[:3] for name, syms in exported.items() if syms} == {}
+
+
+def test_a_gpu_backend_in_the_package_puts_the_cxx_runtime_in_the_global_scope(tmp_path):
+    assert not _backends.promote_cxx_runtime(tmp_path)  # a CPU-only lib/: nothing to do
+    (tmp_path / "libggml-cuda.so").write_bytes(b"")
+    assert _backends.promote_cxx_runtime(tmp_path)
+    # the process's global scope (dlopen(NULL)) now finds libstdc++'s own symbols
+    assert hasattr(ctypes.CDLL(None), "_ZNSt8ios_base4InitC1Ev")
 
 
 def test_loading_registers_one_cpu_backend_and_one_cpu_device():

@@ -24,6 +24,7 @@ import ctypes
 import ctypes.util
 import logging
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,24 @@ LIB_DIR = Path(__file__).parent.parent / "lib"
 _VARIANT_FILE = re.compile(r"^libggml-cpu-([A-Za-z0-9_]+)\.so$")
 # in lib/ but not backend modules: the core libraries, and the native build's linked CPU backend
 _NOT_MODULES = {"libggml.so", "libggml-base.so", "libggml-cpu.so"}
+
+
+# GPU backends built by toolchains (nvcc's, ROCm's) that can link pieces of the C++ runtime into the backend library
+_GPU_LIBS = ("libggml-cuda", "libggml-hip", "libggml-musa")
+
+
+def promote_cxx_runtime(lib_dir: Path = LIB_DIR) -> bool:
+    """Load libstdc++ into the process's global scope before the package's libraries, when a GPU backend is among
+    them; True when it did. An executable that links libllama (llama-server) has libstdc++ first in its symbol
+    lookup; a Python process has not, so a C++-runtime symbol a GPU backend library also exports can bind the other
+    libraries to that copy: the first H200 run of issue 28 crashed so in every model load."""
+    if not sys.platform.startswith("linux") or not any(any(lib_dir.glob(f"{n}.so*")) for n in _GPU_LIBS):
+        return False
+    try:
+        ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return False
+    return True
 
 
 def variant_modules(lib_dir: Path = LIB_DIR) -> dict[str, Path]:

@@ -22,6 +22,7 @@ from ..config import threads
 from ..config.env import env_cpu_variant
 
 # Loading the module loads libllama, ggml and libgomp: libgomp reads its waiting policy now or never.
+_backends.promote_cxx_runtime()
 with threads.openmp_defaults():
     from .._ffi import ffi, lib
 
