@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from mtp_bindings.generation.controller import (ACCEPT_PRIOR, PROBE_MAX, Acceptance, AutoCount, CostModel, FixedCount, RoundCost,
+from mtp_bindings.generation.controller import (ACCEPT_PRIOR, PLAIN_SAMPLE, PROBE_MAX, Acceptance, AutoCount, CostModel, FixedCount, RoundCost,
                                                 make_draft_count)
 from mtp_bindings.config.presets import PRESETS
 
@@ -245,6 +245,26 @@ def test_a_choice_of_plain_decoding_is_not_computed_again_between_probes():
     sim.run(PROBE_MAX * 4)
     probes = sum(1 for k in sim.chosen[-PROBE_MAX * 4:] if k)
     assert computed <= 2 * (probes + 1) + 4  # once when a probe is due, once after its drafted round
+
+
+def test_while_plain_decoding_stands_one_plain_round_in_plain_sample_is_measured_and_the_age_clock_runs():
+    sim = Simulation(Machine(steep_verify, draft_step=0.006, accept=0.0))
+    sim.run(300)
+    assert sim.policy.best == 0
+    costs = sim.policy.costs
+    observed, clock = [], costs.rounds
+    inner = costs.observe
+
+    def counting(c: RoundCost) -> None:
+        observed.append(c.k)
+        inner(c)
+
+    costs.observe = counting  # type: ignore[method-assign]
+    sim.run(PROBE_MAX * 4)
+    plain = sum(1 for k in sim.chosen[-PROBE_MAX * 4:] if k == 0)
+    assert costs.rounds - clock == PROBE_MAX * 4  # every round advances the windows' age clock
+    # the probes' rounds and the plain rounds around them are measured, and one in PLAIN_SAMPLE of the rest
+    assert plain // PLAIN_SAMPLE <= observed.count(0) <= plain // PLAIN_SAMPLE + 4 * (len(observed) - observed.count(0) + 1)
 
 
 def test_expected_tokens_multiply_the_acceptance_of_each_position():

@@ -64,7 +64,7 @@ class CostModel:
     # acceptance of earlier requests by sampler settings (what is accepted at temperature 0 says little
     # about 1.5): per position, drafts reached and drafts accepted
     pools: dict[Hashable, tuple[list[float], list[float]]] = field(default_factory=dict)
-    rounds: int = 0  # rounds observed on this context (the clock of the windows' age limit)
+    rounds: int = 0  # rounds on this context, measured or not (the clock of the windows' age limit)
     # the measurements behind each estimate, by kind and size; the estimates, refreshed when read
     windows: dict[str, dict[int, _Window]] = field(default_factory=dict, repr=False)
     _estimates: dict[str, dict[int, float]] = field(default_factory=dict, repr=False)
@@ -118,6 +118,10 @@ class CostModel:
         if c.k:
             self._add("draft", c.k, c.draft)
         self._add("sample", 0, c.sample / rows)
+
+    def tick(self) -> None:
+        """A round passed that is not measured (the clock of the windows' age limit runs on)."""
+        self.rounds += 1
 
     def observe_round(self, c: RoundCost, seconds: float) -> None:
         """A whole round with its parts ``c`` took ``seconds``, from its start to the next round's."""
