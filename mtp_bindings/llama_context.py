@@ -74,6 +74,8 @@ def native_context_params(params: ContextParams) -> Any:
     p.embeddings = params.embeddings
     p.type_k = getattr(lib, KV_TYPES[params.type_k])
     p.type_v = getattr(lib, KV_TYPES[params.type_v])
+    p.type_k_swa = getattr(lib, KV_TYPES[params.resolved_type_k_swa])
+    p.type_v_swa = getattr(lib, KV_TYPES[params.resolved_type_v_swa])
     p.flash_attn_type = getattr(lib, FLASH_ATTN[params.resolved_flash_attn])
     p.offload_kqv = params.offload_kqv
     if params.pooling is not None:

@@ -263,8 +263,22 @@ def test_flag_defaults_are_the_librarys():
     for dest, param in flags.items():
         assert getattr(args, dest) == getattr(SAMPLING_DEFAULTS, param), dest
     context = ContextParams()
-    assert (args.cache_type_k, args.cache_type_v, args.flash_attn) == \
-        (context.type_k, context.type_v, context.flash_attn)
+    assert (args.cache_type_k, args.cache_type_v, args.cache_type_k_swa, args.cache_type_v_swa, args.flash_attn) == \
+        (context.type_k, context.type_v, context.type_k_swa, context.type_v_swa, context.flash_attn)
+
+
+def test_the_sliding_window_cache_type_flags_reach_the_context():
+    from mtp_bindings.cli import build_parser
+    from mtp_bindings.cli.session import context_kwargs
+
+    class Pair:  # what context_kwargs reads of a model
+        has_assistant = False
+        n_ctx_train = 4096
+
+    args = build_parser().parse_args(["generate", "-p", "x", "-ctk", "q8_0", "--cache-type-k-swa", "q4_0",
+                                      "--cache-type-v-swa", "turbo4"])
+    kwargs = context_kwargs(args, Pair())
+    assert (kwargs["type_k"], kwargs["type_k_swa"], kwargs["type_v_swa"]) == ("q8_0", "q4_0", "turbo4")
 
 
 def test_ngl_seed_minus_one_and_no_mmap_are_accepted():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,10 +25,11 @@ import numpy as np
 import pytest
 from fixture_paths import BUNDLED
 from ggml_programs import compile_ggml_program
+from native_log import native_log
 from numerics import assert_same_tokens
 
 from mtp_bindings import Model
-from mtp_bindings.exceptions import ContextError
+from mtp_bindings.exceptions import ContextError, InvalidParameterError
 from mtp_bindings.scale_pair.build import ScaleConfig, scale_pair
 
 REPO = Path(__file__).resolve().parent.parent
@@ -119,11 +121,15 @@ def wide(wide_paths) -> Model:
         yield m
 
 
-@pytest.mark.parametrize("types", [("turbo3", "turbo3"), ("q8_0", "turbo4"), ("turbo4", "turbo2")],
-                         ids=lambda t: "-".join(t))
+# (type_k, type_v, type_k_swa, type_v_swa): None keeps the sliding-window layers f16 (the default), the others
+# put the turbo types there too
+@pytest.mark.parametrize("types", [("turbo3", "turbo3", None, None), ("q8_0", "turbo4", None, None),
+                                   ("turbo4", "turbo2", "turbo4", "turbo2"), ("f16", "f16", "turbo3", "turbo3")],
+                         ids=lambda t: "-".join(x or "default" for x in t))
 def test_mtp_greedy_equals_plain_greedy_on_a_turbo_cache(wide, types) -> None:
-    type_k, type_v = types
-    with wide.create_context(n_ctx=512, type_k=type_k, type_v=type_v) as ctx:
+    type_k, type_v, type_k_swa, type_v_swa = types
+    with wide.create_context(n_ctx=512, type_k=type_k, type_v=type_v, type_k_swa=type_k_swa,
+                             type_v_swa=type_v_swa) as ctx:
         for prompt in PROMPTS:
             plain = wide.generate(prompt, max_tokens=40, draft_n_max=0, context=ctx, temperature=0, cache_prompt=False)
             for n in (1, 3):
@@ -150,11 +156,45 @@ def test_a_turbo_cache_stays_close_to_an_f16_cache(wide) -> None:
     assert 0 < kl4 < kl3 < 0.05, (kl4, kl3)
 
 
+def _cache_types(model: Model, **types) -> dict[str, tuple[str, str]]:
+    """The (K, V) types llama.cpp gives the full-attention and the sliding-window caches of a new context."""
+    with native_log() as lines, model.create_context(n_ctx=256, **types):
+        pass
+    out, half = {}, None
+    for line in lines:
+        if "creating non-SWA KV cache" in line:
+            half = "full"
+        elif "creating     SWA KV cache" in line:
+            half = "swa"
+        elif half and (m := re.search(r"K \((\w+)\): .* V \((\w+)\):", line)):
+            out[half], half = (m.group(1), m.group(2)), None
+    return out
+
+
+def test_a_quantized_cache_keeps_the_sliding_window_layers_f16_unless_asked(wide_paths) -> None:
+    with Model(wide_paths[0], verbose=True) as m:
+        assert _cache_types(m, type_k="turbo3", type_v="q8_0") == {"full": ("turbo3", "q8_0"), "swa": ("f16", "f16")}
+        assert _cache_types(m, type_k="turbo3", type_v="q8_0", type_k_swa="q8_0", type_v_swa="turbo4") == \
+            {"full": ("turbo3", "q8_0"), "swa": ("q8_0", "turbo4")}
+        assert _cache_types(m, type_k="bf16", type_v="f32") == {"full": ("bf16", "f32"), "swa": ("bf16", "f32")}
+
+
+def test_a_quantized_sliding_window_v_cache_turns_flash_attention_on_or_is_refused_without_it(wide_paths) -> None:
+    with Model(wide_paths[0]) as m:
+        with m.create_context(n_ctx=256, type_v_swa="q8_0") as ctx:
+            assert ctx.params.resolved_flash_attn == "on"
+        with pytest.raises(InvalidParameterError, match="quantized V cache needs flash_attn"):
+            m.create_context(n_ctx=256, type_v_swa="q8_0", flash_attn="off")
+
+
 def test_a_model_whose_heads_turbo_blocks_do_not_divide_is_refused(trained_paths) -> None:
     target, _ = trained_paths
     with Model(target) as m:
-        with pytest.raises(ContextError, match="turbo3 with block size 128 does not divide n_embd_head_k=32"):
+        # the full-attention layers' heads are 64 wide, the sliding-window layers' 32: each half is checked with its type
+        with pytest.raises(ContextError, match="turbo3 with block size 128 does not divide n_embd_head_k=64"):
             m.create_context(n_ctx=256, type_k="turbo3")
+        with pytest.raises(ContextError, match="turbo3 with block size 128 does not divide n_embd_head_k=32"):
+            m.create_context(n_ctx=256, type_k_swa="turbo3")
 
 
 KSHIFT_CHILD = r"""

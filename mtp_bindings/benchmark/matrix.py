@@ -248,6 +248,7 @@ class MatrixRunner:
             bias = eog_bias(models[""]) if cfg.suppress_eog else {}
             fa = resolve_flash_attn("auto", setup.kv)  # the value the servers get too (util.py)
             ctxs = {head: m.create_context(n_ctx=cfg.n_ctx, n_threads=cfg.threads, type_k=setup.kv, type_v=setup.kv,
+                                           type_k_swa=setup.kv, type_v_swa=setup.kv,  # as upstream's -ctk/-ctv
                                            flash_attn=fa, embeddings=bool(cfg.draft_ns)) for head, m in models.items()}
             ups: dict[System, ServerProcess] = {}
             ours_srv: dict[str, ServerProcess] = {}

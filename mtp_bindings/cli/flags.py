@@ -204,6 +204,7 @@ PARAM_DEST = {
     "dry_base": "dry_base", "dry_allowed_length": "dry_allowed_length", "dry_penalty_last_n": "dry_penalty_last_n",
     "dry_sequence_breakers": "dry_sequence_breaker", "seed": "seed", "draft_n_max": "draft_n_max",
     "skip_streak": "skip_streak", "type_k": "cache_type_k", "type_v": "cache_type_v", "flash_attn": "flash_attn",
+    "type_k_swa": "cache_type_k_swa", "type_v_swa": "cache_type_v_swa",
     "n_slots": "parallel", "n_predict": "n_predict", "port": "port", "n_gpu_layers": "n_gpu_layers",
     "n_gpu_layers_draft": "n_gpu_layers_draft", "n_threads_batch": "threads_batch", "devices": "device",
     "rpc_servers": "rpc", "grammar": "grammar", "json_schema": "json_schema", "n_batch": "batch_size",

@@ -95,7 +95,8 @@ def load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def context_kwargs(args: argparse.Namespace, model: Any) -> dict[str, Any]:
-    """A context's arguments from the flags (``-c``, ``-t``, ``-tb``, ``-ctk``, ``-ctv``, ``-fa``; ``-b``,
+    """A context's arguments from the flags (``-c``, ``-t``, ``-tb``, ``-ctk``, ``-ctv``, the sliding-window
+    layers' types, ``-fa``; ``-b``,
     ``-ub`` where the command has them)."""
     batch = {}
     if hasattr(args, "batch_size"):
@@ -104,8 +105,8 @@ def context_kwargs(args: argparse.Namespace, model: Any) -> dict[str, Any]:
         if model.has_assistant:
             _check_verify_rows(args)
     return dict(n_ctx=n_ctx(model, args), n_threads=args.threads, n_threads_batch=args.threads_batch,
-                type_k=args.cache_type_k, type_v=args.cache_type_v, flash_attn=args.flash_attn,
-                embeddings=model.has_assistant, **batch)
+                type_k=args.cache_type_k, type_v=args.cache_type_v, type_k_swa=args.cache_type_k_swa,
+                type_v_swa=args.cache_type_v_swa, flash_attn=args.flash_attn, embeddings=model.has_assistant, **batch)
 
 
 def _check_verify_rows(args: argparse.Namespace) -> None:

@@ -37,6 +37,7 @@ def cmd_serve(args: argparse.Namespace, interrupt: Interrupt) -> int:
         serve(model, host=args.host, port=args.port, sock=sock, model_name=args.alias, api_key=args.api_key,
               n_slots=args.parallel, n_ctx=n_ctx(model, args), n_predict=args.n_predict, n_threads=args.threads,
               n_threads_batch=args.threads_batch, type_k=args.cache_type_k, type_v=args.cache_type_v,
+              type_k_swa=args.cache_type_k_swa, type_v_swa=args.cache_type_v_swa,
               flash_attn=args.flash_attn, chat_template=template,
               draft_n_max=args.draft_n_max, preset=args.preset, depth2=False if args.no_depth2 else None,
               skip_streak=args.skip_streak, cache_prompt=args.cache_prompt, access_log=args.verbose,

@@ -47,6 +47,10 @@ UNQUANTIZED_KV = ("f32", "f16", "bf16")
 # TurboQuant (patches 0019, 0118, 0119): 128-value codebook blocks of Hadamard-rotated rows, 4.125 / 3.125 /
 # 2.125 bits a value (llama.cpp refuses a model whose head size the block does not divide)
 TURBO_KV = ("turbo4", "turbo3", "turbo2")
+# Gemma 4's sliding-window layers keep a cache of one window (512-1024 tokens) whatever the context: quantizing it
+# saves little memory and costs accuracy, so unless asked otherwise it stays f16 under a quantized type (as Ollama
+# and vLLM keep it)
+SWA_KV_DEFAULT = "f16"
 FLASH_ATTN = {"auto": "LLAMA_FLASH_ATTN_TYPE_AUTO", "on": "LLAMA_FLASH_ATTN_TYPE_ENABLED",
               "off": "LLAMA_FLASH_ATTN_TYPE_DISABLED"}
 # How an embedding context pools a sequence's token vectors (llama-server's --pooling; "none": one per token).
@@ -280,6 +284,14 @@ def check_draft_overrides(draft_n_max: int | None = None, skip_streak: int | Non
 # contexts
 # ------------------------------------------------------------------------------------------------
 
+def resolve_swa_type(swa: str | None, full: str) -> str:
+    """The sliding-window layers' cache type: ``swa`` when given, else the other layers' ``full`` type when that is
+    unquantized, else :data:`SWA_KV_DEFAULT`."""
+    if swa is not None:
+        return swa
+    return full if full in UNQUANTIZED_KV else SWA_KV_DEFAULT
+
+
 def resolve_flash_attn(flash_attn: str, type_v: str, type_k: str = "f16") -> str:
     """``auto`` means off unless the V cache is quantized (which needs flash attention) or K is a TurboQuant
     type (whose dot products flash attention takes on the codes).
@@ -307,6 +319,9 @@ class ContextParams:
     embeddings: bool = False
     type_k: str = "f16"
     type_v: str = "f16"
+    # the sliding-window layers' cache (see resolve_swa_type); None: f16 under a quantized type_k / type_v
+    type_k_swa: str | None = None
+    type_v_swa: str | None = None
     flash_attn: str = "auto"
     offload_kqv: bool = True
     pooling: str | None = None  # a POOLING_TYPES key for an embedding context; None: the model's own
@@ -336,21 +351,35 @@ class ContextParams:
                 raise InvalidParameterError(f"{name} must be an int in 1..{THREADS_MAX} or None, got {v!r}")
         if self.adapt_threads is not None and not isinstance(self.adapt_threads, bool):
             raise InvalidParameterError(f"adapt_threads must be a bool or None, got {self.adapt_threads!r}")
-        for name in ("type_k", "type_v"):
+        for name in ("type_k", "type_v", "type_k_swa", "type_v_swa"):
             v = getattr(self, name)
-            if v not in KV_TYPES:
-                raise InvalidParameterError(f"{name} must be one of {sorted(KV_TYPES)}, got {v!r}")
+            if v not in KV_TYPES and (v is not None or not name.endswith("_swa")):
+                raise InvalidParameterError(f"{name} must be one of {sorted(KV_TYPES)}"
+                                            f"{' or None' if name.endswith('_swa') else ''}, got {v!r}")
         if self.pooling is not None and self.pooling not in POOLING_TYPES:
             raise InvalidParameterError(f"pooling must be one of {sorted(POOLING_TYPES)} or None, got {self.pooling!r}")
         if self.flash_attn not in FLASH_ATTN:
             raise InvalidParameterError(f"flash_attn must be one of {sorted(FLASH_ATTN)}, got {self.flash_attn!r}")
-        if self.type_v not in UNQUANTIZED_KV and self.flash_attn == "off":
+        if self.flash_attn == "off" and any(t not in UNQUANTIZED_KV for t in (self.type_v, self.resolved_type_v_swa)):
             raise InvalidParameterError("a quantized V cache needs flash_attn 'on' or 'auto'")
 
     @property
+    def resolved_type_k_swa(self) -> str:
+        """The sliding-window layers' K cache type (see :func:`resolve_swa_type`)."""
+        return resolve_swa_type(self.type_k_swa, self.type_k)
+
+    @property
+    def resolved_type_v_swa(self) -> str:
+        """The sliding-window layers' V cache type (see :func:`resolve_swa_type`)."""
+        return resolve_swa_type(self.type_v_swa, self.type_v)
+
+    @property
     def resolved_flash_attn(self) -> str:
-        """The flash-attention mode this context gets (see :func:`resolve_flash_attn`)."""
-        return resolve_flash_attn(self.flash_attn, self.type_v, self.type_k)
+        """The flash-attention mode this context gets (see :func:`resolve_flash_attn`; the sliding-window layers' V
+        counts too)."""
+        type_v = self.type_v if self.type_v not in UNQUANTIZED_KV else self.resolved_type_v_swa
+        type_k = self.type_k if self.type_k in TURBO_KV else self.resolved_type_k_swa
+        return resolve_flash_attn(self.flash_attn, type_v, type_k)
 
 
 def valid_thread_count(v: object) -> bool:

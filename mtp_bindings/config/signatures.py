@@ -31,6 +31,8 @@ class ContextOptions(TypedDict, total=False):
     embeddings: bool
     type_k: str
     type_v: str
+    type_k_swa: str | None
+    type_v_swa: str | None
     flash_attn: str
     offload_kqv: bool
     pooling: str | None

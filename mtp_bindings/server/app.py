@@ -60,6 +60,8 @@ def create_app(
     n_threads_batch: int | None = None,
     type_k: str = _CONTEXT.type_k,
     type_v: str = _CONTEXT.type_v,
+    type_k_swa: str | None = _CONTEXT.type_k_swa,
+    type_v_swa: str | None = _CONTEXT.type_v_swa,
     flash_attn: str = _CONTEXT.flash_attn,
     chat_template: str | None = None,  # a Jinja chat template's source, used instead of the GGUF's
     draft_n_max: int | None = None,
@@ -104,7 +106,8 @@ def create_app(
     batch_threads = None if n_threads_batch is None else threads_per_slot(n_slots, n_threads_batch)
     context_kwargs = dict(n_ctx=n_ctx, n_threads=threads_per_slot(n_slots, n_threads), n_threads_batch=batch_threads,
                           adapt_threads=n_threads is None and n_threads_batch is None, type_k=type_k, type_v=type_v,
-                          flash_attn=flash_attn, embeddings=model.has_assistant)
+                          type_k_swa=type_k_swa, type_v_swa=type_v_swa, flash_attn=flash_attn,
+                          embeddings=model.has_assistant)
     server = Server(model, model_name=model_name, n_slots=n_slots, n_ctx=n_ctx, context_kwargs=context_kwargs,
                     draft=draft, n_predict=n_predict, chat_template=chat_template)
 
