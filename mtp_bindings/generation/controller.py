@@ -157,7 +157,9 @@ class AutoCount:
 
     def choose(self) -> int:
         rounds_seen = self.costs.measured("total")  # not .total: that takes the medians, this is every round
-        if self.plain_wanted or (0 not in rounds_seen and (rounds_seen or self.tried[0])):
+        # a plain round just measured has its total recorded when the next round begins, after this choice
+        plain_seen = 0 in rounds_seen or (self.last is not None and self.last[1].k == 0)
+        if self.plain_wanted or (not plain_seen and (rounds_seen or self.tried[0])):
             # Plain rounds until one is measured: asked by a probe down to plain decoding, or because drafting has
             # begun on this context and no plain round was ever measured (T(0) would be T(k) less the parts'
             # difference, carrying whatever every drafting round pays unseen: most of a round on a host-bound
