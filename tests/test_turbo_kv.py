@@ -121,10 +121,9 @@ def wide(wide_paths) -> Model:
         yield m
 
 
-# (type_k, type_v, type_k_swa, type_v_swa): None keeps the sliding-window layers f16 (the default), the others
-# put the turbo types there too
+# (type_k, type_v, type_k_swa, type_v_swa): None gives the sliding-window layers the same types (the default)
 @pytest.mark.parametrize("types", [("turbo3", "turbo3", None, None), ("q8_0", "turbo4", None, None),
-                                   ("turbo4", "turbo2", "turbo4", "turbo2"), ("f16", "f16", "turbo3", "turbo3")],
+                                   ("turbo4", "turbo2", "f16", "f16"), ("f16", "f16", "turbo3", "turbo3")],
                          ids=lambda t: "-".join(x or "default" for x in t))
 def test_mtp_greedy_equals_plain_greedy_on_a_turbo_cache(wide, types) -> None:
     type_k, type_v, type_k_swa, type_v_swa = types
@@ -171,12 +170,12 @@ def _cache_types(model: Model, **types) -> dict[str, tuple[str, str]]:
     return out
 
 
-def test_a_quantized_cache_keeps_the_sliding_window_layers_f16_unless_asked(wide_paths) -> None:
+def test_the_sliding_window_layers_take_the_cache_types_unless_given_their_own(wide_paths) -> None:
     with Model(wide_paths[0], verbose=True) as m:
-        assert _cache_types(m, type_k="turbo3", type_v="q8_0") == {"full": ("turbo3", "q8_0"), "swa": ("f16", "f16")}
-        assert _cache_types(m, type_k="turbo3", type_v="q8_0", type_k_swa="q8_0", type_v_swa="turbo4") == \
-            {"full": ("turbo3", "q8_0"), "swa": ("q8_0", "turbo4")}
-        assert _cache_types(m, type_k="bf16", type_v="f32") == {"full": ("bf16", "f32"), "swa": ("bf16", "f32")}
+        assert _cache_types(m, type_k="turbo3", type_v="q8_0") == {"full": ("turbo3", "q8_0"), "swa": ("turbo3", "q8_0")}
+        assert _cache_types(m, type_k="turbo3", type_v="q8_0", type_k_swa="f16", type_v_swa="turbo4") == \
+            {"full": ("turbo3", "q8_0"), "swa": ("f16", "turbo4")}
+        assert _cache_types(m, type_k_swa="q8_0") == {"full": ("f16", "f16"), "swa": ("q8_0", "f16")}
 
 
 def test_a_quantized_sliding_window_v_cache_turns_flash_attention_on_or_is_refused_without_it(wide_paths) -> None:
@@ -190,11 +189,11 @@ def test_a_quantized_sliding_window_v_cache_turns_flash_attention_on_or_is_refus
 def test_a_model_whose_heads_turbo_blocks_do_not_divide_is_refused(trained_paths) -> None:
     target, _ = trained_paths
     with Model(target) as m:
-        # the full-attention layers' heads are 64 wide, the sliding-window layers' 32: each half is checked with its type
-        with pytest.raises(ContextError, match="turbo3 with block size 128 does not divide n_embd_head_k=64"):
-            m.create_context(n_ctx=256, type_k="turbo3")
+        # the sliding-window layers' heads are 32 wide, the full-attention layers' 64: each is checked with its type
         with pytest.raises(ContextError, match="turbo3 with block size 128 does not divide n_embd_head_k=32"):
-            m.create_context(n_ctx=256, type_k_swa="turbo3")
+            m.create_context(n_ctx=256, type_k="turbo3")
+        with pytest.raises(ContextError, match="turbo3 with block size 128 does not divide n_embd_head_k=64"):
+            m.create_context(n_ctx=256, type_k="turbo3", type_k_swa="f16")
 
 
 KSHIFT_CHILD = r"""
@@ -240,3 +239,24 @@ def test_a_k_shift_of_a_k_cache_matches_decoding_at_the_new_positions(case, shif
     # the first (what the type costs against f16 K at the same positions), not equal; a shift that rotated
     # wrongly (RoPE by another delta, the Hadamard not undone) is off by the logits' own size
     assert shift_err < 0.01 + 3 * quant_err, (shift_err, quant_err)
+
+
+def test_the_kv_types_bench_reports_every_setting_with_f16_as_its_reference(tmp_path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kv_types", REPO / "bench" / "kv_types.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "kv.json"
+    assert bench.main(["--quick", "--lengths", "256", "--text-tokens", "64", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert [name for name, *_ in bench.QUALITY] == list(res["quality"])
+    assert res["quality"]["f16"]["kl_mean"] == 0 and res["quality"]["f16"]["argmax_agree"] == 1
+    assert all(r["kl_mean"] > 0 for name, r in res["quality"].items() if name != "f16")
+    speed = res["speed"]
+    assert [f"{t}@256" for t in bench.SPEED] == list(speed)
+    # both caches shrink with the type's bits (the window takes the type too)
+    for half in ("full", "swa"):
+        mib = [speed[f"{t}@256"]["cache_mib"][half] for t in bench.SPEED]
+        assert mib == sorted(mib, reverse=True) and mib[-1] < 0.25 * mib[0], (half, mib)
+    assert (tmp_path / "kv.md").read_text().count("\n| ") >= len(bench.QUALITY) + len(bench.SPEED)

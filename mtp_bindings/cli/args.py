@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..hub import DEFAULT_QUANT
 from ..config.limits import CLI_N_PREDICT, DEFAULT_N_CTX, UNTIL_FULL
-from ..config.params import FLASH_ATTN, KV_TYPES, SAMPLING_DEFAULTS, SWA_KV_DEFAULT, ContextParams
+from ..config.params import FLASH_ATTN, KV_TYPES, SAMPLING_DEFAULTS, ContextParams
 from ..config.presets import DEFAULT_PRESET, PRESETS
 from .upstream import add_speculative_args
 
@@ -123,11 +123,10 @@ def add_model_args(p: argparse.ArgumentParser, *, no_mtp: bool = True) -> None:
                    help=f"KV cache type of V: {', '.join(KV_TYPES)} (default {CONTEXT_DEFAULTS.type_v}; a quantized V "
                         "needs flash attention)")
     p.add_argument("--cache-type-k-swa", default=CONTEXT_DEFAULTS.type_k_swa,
-                   help="KV cache type of K in the sliding-window layers (default: as -ctk when that is unquantized, "
-                        f"else {SWA_KV_DEFAULT}: that cache holds one window whatever the context)")
+                   help="KV cache type of K in the sliding-window layers (default: as -ctk; f16 there keeps "
+                        "accuracy at the memory of an f16 layer)")
     p.add_argument("--cache-type-v-swa", default=CONTEXT_DEFAULTS.type_v_swa,
-                   help="KV cache type of V in the sliding-window layers (default: as -ctv when that is unquantized, "
-                        f"else {SWA_KV_DEFAULT})")
+                   help="KV cache type of V in the sliding-window layers (default: as -ctv)")
     p.add_argument("-fa", "--flash-attn", default=CONTEXT_DEFAULTS.flash_attn, choices=sorted(FLASH_ATTN),
                    help=f"flash attention (default {CONTEXT_DEFAULTS.flash_attn}; auto: on only for a quantized "
                         "V cache)")

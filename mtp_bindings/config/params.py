@@ -47,10 +47,6 @@ UNQUANTIZED_KV = ("f32", "f16", "bf16")
 # TurboQuant (patches 0019, 0118, 0119): 128-value codebook blocks of Hadamard-rotated rows, 4.125 / 3.125 /
 # 2.125 bits a value (llama.cpp refuses a model whose head size the block does not divide)
 TURBO_KV = ("turbo4", "turbo3", "turbo2")
-# Gemma 4's sliding-window layers keep a cache of one window (512-1024 tokens) whatever the context: quantizing it
-# saves little memory and costs accuracy, so unless asked otherwise it stays f16 under a quantized type (as Ollama
-# and vLLM keep it)
-SWA_KV_DEFAULT = "f16"
 FLASH_ATTN = {"auto": "LLAMA_FLASH_ATTN_TYPE_AUTO", "on": "LLAMA_FLASH_ATTN_TYPE_ENABLED",
               "off": "LLAMA_FLASH_ATTN_TYPE_DISABLED"}
 # How an embedding context pools a sequence's token vectors (llama-server's --pooling; "none": one per token).
@@ -285,11 +281,11 @@ def check_draft_overrides(draft_n_max: int | None = None, skip_streak: int | Non
 # ------------------------------------------------------------------------------------------------
 
 def resolve_swa_type(swa: str | None, full: str) -> str:
-    """The sliding-window layers' cache type: ``swa`` when given, else the other layers' ``full`` type when that is
-    unquantized, else :data:`SWA_KV_DEFAULT`."""
-    if swa is not None:
-        return swa
-    return full if full in UNQUANTIZED_KV else SWA_KV_DEFAULT
+    """The sliding-window layers' cache type: ``swa`` when given, else the other layers' ``full`` type, as
+    llama.cpp's ``-ctk`` / ``-ctv`` set both. Not f16 by default: the pin's contexts keep a full-size window cache
+    (``swa_full``, which MTP's rollback and the prompt cache rely on), so an f16 window costs what an f16
+    full-attention layer costs (``bench/results/kv_types.md``); f16 there buys accuracy, not memory."""
+    return full if swa is None else swa
 
 
 def resolve_flash_attn(flash_attn: str, type_v: str, type_k: str = "f16") -> str:
@@ -319,7 +315,7 @@ class ContextParams:
     embeddings: bool = False
     type_k: str = "f16"
     type_v: str = "f16"
-    # the sliding-window layers' cache (see resolve_swa_type); None: f16 under a quantized type_k / type_v
+    # the sliding-window layers' cache (see resolve_swa_type); None: as type_k / type_v
     type_k_swa: str | None = None
     type_v_swa: str | None = None
     flash_attn: str = "auto"
