@@ -83,18 +83,19 @@ def native_lines() -> Iterator[list[str]]:
         native.setLevel(level)
 
 
-def cache_sizes(lines: list[str]) -> dict[str, float]:
-    """MiB of the target's full-attention and sliding-window caches, from the lines of one context's creation (the
-    first of each: the assistant's mirror, created next, shares the target's tensors)."""
-    out: dict[str, float] = {}
+def kv_caches(lines: list[str]) -> dict[str, tuple[str, str, float]]:
+    """The target's full-attention and sliding-window caches (``"full"``, ``"swa"``) as (K type, V type, MiB), from
+    llama.cpp's lines of one context's creation (the first of each: the assistant's mirror, created next, shares the
+    target's tensors)."""
+    out: dict[str, tuple[str, str, float]] = {}
     half = None
     for line in lines:
         if "creating non-SWA KV cache" in line:
             half = "full"
         elif "creating     SWA KV cache" in line:
             half = "swa"
-        elif half and (m := re.match(r"llama_kv_cache: size = +([\d.]+) MiB", line)):
-            out.setdefault(half, float(m.group(1)))
+        elif half and (m := re.match(r"llama_kv_cache: size = +([\d.]+) MiB.*K \((\w+)\):.*V \((\w+)\):", line)):
+            out.setdefault(half, (m.group(2), m.group(3), float(m.group(1))))
             half = None
     return out
 
@@ -152,7 +153,7 @@ def speed(model: Any, lengths: list[int], n_decode: int, n_gen: int) -> dict[str
                 cell = {"length": length, "prompt_s": r.stats.t_prompt, "decode_ms": 1e3 * statistics.median(steps),
                         "mtp_tokens_per_s": r.stats.n_generated / gen_s if gen_s > 0 else 0.0,
                         "mtp_acceptance": r.stats.n_accepted / r.stats.n_drafted if r.stats.n_drafted else None,
-                        "cache_mib": cache_sizes(lines)}
+                        "cache_mib": {half: mib for half, (_, _, mib) in kv_caches(lines).items()}}
             out[f"{name}@{length}"] = cell
             log(f"speed {name} @ {length}: {cell}")
     return out

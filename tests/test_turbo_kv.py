@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -155,19 +154,21 @@ def test_a_turbo_cache_stays_close_to_an_f16_cache(wide) -> None:
     assert 0 < kl4 < kl3 < 0.05, (kl4, kl3)
 
 
+def _kv_bench():
+    """bench/kv_types.py as a module (its reading of llama.cpp's KV cache lines is the tests' too)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kv_types", REPO / "bench" / "kv_types.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
 def _cache_types(model: Model, **types) -> dict[str, tuple[str, str]]:
     """The (K, V) types llama.cpp gives the full-attention and the sliding-window caches of a new context."""
     with native_log() as lines, model.create_context(n_ctx=256, **types):
         pass
-    out, half = {}, None
-    for line in lines:
-        if "creating non-SWA KV cache" in line:
-            half = "full"
-        elif "creating     SWA KV cache" in line:
-            half = "swa"
-        elif half and (m := re.search(r"K \((\w+)\): .* V \((\w+)\):", line)):
-            out[half], half = (m.group(1), m.group(2)), None
-    return out
+    return {half: (k, v) for half, (k, v, _) in _kv_bench().kv_caches(lines).items()}
 
 
 def test_the_sliding_window_layers_take_the_cache_types_unless_given_their_own(wide_paths) -> None:
@@ -242,11 +243,7 @@ def test_a_k_shift_of_a_k_cache_matches_decoding_at_the_new_positions(case, shif
 
 
 def test_the_kv_types_bench_reports_every_setting_with_f16_as_its_reference(tmp_path) -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("kv_types", REPO / "bench" / "kv_types.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _kv_bench()
     out = tmp_path / "kv.json"
     assert bench.main(["--quick", "--lengths", "256", "--text-tokens", "64", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
