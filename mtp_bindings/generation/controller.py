@@ -22,9 +22,9 @@ off while the probes change nothing; every other way down is plain decoding itse
 estimate that has gone stale can recover. A cold context measures plain decoding right after its first
 drafting round. A plain round right after a drafting one is not measured (drafting winding down shares its
 CPU). Between probes a choice of 0 stands without being computed again (plain rounds teach nothing about
-acceptance), and one plain round in ``PLAIN_SAMPLE`` is measured. Acceptance is pooled across the requests on a context by their sampler settings (the same pair accepts far
-less at temperature 1.5 than at 0). It only changes how much is drafted, so the output stays what
-plain decoding gives. Pure Python.
+acceptance), and one plain round in ``PLAIN_SAMPLE`` is measured. Acceptance is pooled across the requests on
+a context by their sampler settings (the same pair accepts far less at temperature 1.5 than at 0). It only
+changes how much is drafted, so the output stays what plain decoding gives. Pure Python.
 """
 
 from __future__ import annotations
