@@ -37,7 +37,8 @@ from .native import _native
 from .native._handle import NativeHandle
 from .native._native import ffi, lib
 from .exceptions import ContextError, ContextOverflowError, DecodeError, InvalidParameterError
-from .config.params import FLASH_ATTN, KV_TYPES, POOLING_TYPES, THREADS_MAX, ContextParams, valid_thread_count
+from .config.params import (DRAFT_N_MAX, FLASH_ATTN, KV_TYPES, POOLING_TYPES, THREADS_MAX, ContextParams,
+                            valid_thread_count)
 from .turns import GenerationTurn
 from .config.threads import (ADAPT_INTERVAL_S, ADAPT_SAMPLES, check_threads, default_threads, runnable_threads,
                              threads_for_load, usable_cpus)
@@ -81,6 +82,8 @@ def native_context_params(params: ContextParams) -> Any:
     if params.pooling is not None:
         p.pooling_type = getattr(lib, POOLING_TYPES[params.pooling])
     p.no_perf = False
+    # a verify batch (the last token and up to DRAFT_N_MAX drafts) may take its greedy picks in the graph
+    p.n_outputs_max_per_seq = min(p.n_batch, DRAFT_N_MAX + 1)
     return p
 
 
@@ -145,6 +148,8 @@ class LlamaContext(NativeHandle):
         self._others_seen: deque[int] = deque(maxlen=ADAPT_SAMPLES)
         self._cpus = (usable_cpus(), os.cpu_count() or 1)  # (usable by this process, the machine's)
         self.n_outputs = 0
+        self._graph_greedy: dict[int, Any] = {}  # seq_id -> its native greedy chain, attached to the context
+        self._sampled = False  # whether the last decode picked its tokens in the graph (no logits rows)
 
     # --- lifetime and events --------------------------------------------------------------------
 
@@ -208,6 +213,9 @@ class LlamaContext(NativeHandle):
             callback()
         lib.llama_batch_free(self._batch)
         lib.llama_free(self._ptr)
+        for chain in self._graph_greedy.values():  # ours, not the context's: freed after it
+            lib.llama_sampler_free(chain)
+        self._graph_greedy.clear()
 
     # --- settings -------------------------------------------------------------------------------
 
@@ -259,11 +267,13 @@ class LlamaContext(NativeHandle):
     # --- decoding -------------------------------------------------------------------------------
 
     def decode(self, tokens: Sequence[int] | np.ndarray, *, pos: int | None = None, seq_id: int = 0,
-               logits: LogitsSelect = "last") -> int:
+               logits: LogitsSelect = "last", sampled: bool = False) -> int:
         """Append ``tokens`` to sequence ``seq_id`` at positions ``pos, pos+1, ...`` (default: after
         the sequence's last position) and run the model. ``logits`` selects the rows whose logits
         (and embeddings) are kept: ``"last"``, ``"all"``, ``"none"`` or one bool per token.
         Longer inputs than ``n_batch`` are split; outputs are then those of the last chunk.
+        ``sampled``: the sequence's greedy picks are taken in the graph instead (see
+        :meth:`set_graph_greedy`), read with :meth:`sampled_tokens`; no logits rows are kept.
         Returns the number of output rows (index them 0..n-1 in :meth:`get_logits`)."""
         with self._lock:
             self._turn.check()
@@ -291,11 +301,24 @@ class LlamaContext(NativeHandle):
                 out = np.asarray(logits, dtype=bool).astype(np.int8)
                 if out.shape != (n,):
                     raise InvalidParameterError(f"logits mask has shape {out.shape}, expected ({n},)")
+            self._prepare_outputs(seq_id, n if self._embeddings_on else int(out.sum()), sampled)
             n_out = 0
             for start in range(0, n, self.n_batch):
                 m = min(self.n_batch, n - start)
                 n_out = self._decode_chunk(toks[start:start + m], pos + start, seq_id, out[start:start + m])
             return n_out
+
+    def _prepare_outputs(self, seq_id: int, n_out: int, sampled: bool) -> None:
+        """A decode with outputs from a sequence whose picks are taken in the graph, but not asked
+        ``sampled``, needs its logits rows: the graph's picking goes off first."""
+        if sampled and seq_id not in self._graph_greedy:
+            raise ContextError(f"sampled=True needs set_graph_greedy({seq_id}, True) first")
+        if not sampled and n_out and seq_id in self._graph_greedy:
+            self.set_graph_greedy(seq_id, False)
+        if sampled and n_out > DRAFT_N_MAX + 1:
+            raise InvalidParameterError(f"a decode picks at most {DRAFT_N_MAX + 1} tokens in the graph, "
+                                        f"{n_out} outputs were asked")
+        self._sampled = sampled
 
     def _decode_chunk(self, toks: np.ndarray, pos: int, seq_id: int, out: np.ndarray) -> int:
         m = int(toks.size)
@@ -347,6 +370,8 @@ class LlamaContext(NativeHandle):
         """Logits of output row ``i`` as a read-only view of llama.cpp's buffer: no copy (a verify
         round reads a few full-vocab rows), valid only until the next decode."""
         with self._lock:
+            if self._sampled:
+                raise ContextError("the last decode took its picks in the graph (sampled=True): it kept no logits")
             i = self._check_output(i)
             ptr = lib.llama_get_logits_ith(self.ptr, i)
             if ptr == ffi.NULL:
@@ -354,6 +379,49 @@ class LlamaContext(NativeHandle):
             view = np.frombuffer(ffi.buffer(ptr, self._n_vocab * 4), dtype=np.float32)
             view.flags.writeable = False
             return view
+
+    # --- greedy picks in the graph -----------------------------------------------------------
+
+    def set_graph_greedy(self, seq_id: int, on: bool) -> bool:
+        """Take sequence ``seq_id``'s greedy picks in the graph (llama.cpp's backend sampling: an argmax
+        of each output row on the device that computed it) for decodes made with ``sampled=True``:
+        they read a token id per row instead of a row of ``n_vocab`` logits. Any other decode with
+        outputs for the sequence turns it off first. Switching costs a graph reservation at the next
+        decode, so it stays on between generations. Returns whether it is on (a backend that cannot
+        run the argmax says no)."""
+        with self._lock:
+            self._check_seq(seq_id)
+            if bool(on) == (seq_id in self._graph_greedy):
+                return bool(on)
+            if not on:
+                lib.llama_set_sampler(self.ptr, seq_id, ffi.NULL)
+                lib.llama_sampler_free(self._graph_greedy.pop(seq_id))
+                return False
+            chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_greedy())
+            if not lib.llama_set_sampler(self.ptr, seq_id, chain):
+                lib.llama_sampler_free(chain)
+                return False
+            self._graph_greedy[seq_id] = chain
+            return True
+
+    @property
+    def graph_greedy_seqs(self) -> frozenset[int]:
+        """The sequences whose greedy picks the graph takes (see :meth:`set_graph_greedy`)."""
+        return frozenset(self._graph_greedy)
+
+    def sampled_tokens(self, n: int) -> list[int]:
+        """The greedy picks of output rows ``0..n-1`` of the last decode, made with ``sampled=True``."""
+        with self._lock:
+            if not self._sampled:
+                raise ContextError("the last decode was not made with sampled=True: it picked no tokens")
+            if not 0 < n <= self.n_outputs:
+                raise InvalidParameterError(f"{n} picks asked, the last decode had {self.n_outputs} outputs")
+            get = lib.llama_get_sampled_token_ith
+            picks = [int(get(self.ptr, i)) for i in range(n)]
+            if min(picks) < 0:
+                raise DecodeError(f"the graph picked no token for some of outputs 0..{n - 1}: {picks}")
+            return picks
 
     def get_embeddings(self, i: int = -1) -> np.ndarray:
         """Hidden state of output row ``i`` of the last decode (needs embeddings on)."""

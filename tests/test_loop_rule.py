@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from mtp_bindings.config.env import ENV_GRAPH_GREEDY
 from mtp_bindings.generation import loop
 from mtp_bindings.generation.rejection import RejectionSampler
 from mtp_bindings.generation.sampling import candidate_distribution, draw_index
@@ -61,6 +62,8 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Spy]:
                 record.first = np.array(row, copy=True)
             return super().sample(row)
 
+    # greedy picks on the host, from the rows (the graph's own picks are test_graph_greedy's: the same tokens)
+    monkeypatch.setenv(ENV_GRAPH_GREEDY, "0")
     monkeypatch.setattr(loop, "Verifier", SpyVerifier)
     monkeypatch.setattr(loop, "RejectionSampler", SpyRejection)
     yield record

@@ -6,6 +6,8 @@ these readers; the loop, drafters and tracer below them take explicit values.
 * ``LLAMA_PIPELINE_DEPTH2=0`` turns depth-2 drafting overlap off.
 * ``LLAMA_MTP_SKIP_STREAK_THRESHOLD=N`` sets the skip-streak threshold.
 * ``LLAMA_MTP_ACC_TRACE=PATH`` (or ``1`` for stderr) writes the NDJSON acceptance trace.
+* ``MTP_BINDINGS_GRAPH_GREEDY=0`` takes greedy picks on the host from the logits rows, not in the
+  graph (the same tokens; to compare the two, or to rule the graph's argmax out).
 * ``MTP_BINDINGS_CPU_VARIANT=NAME`` loads that CPU variant of a portable build (a wheel) instead of
   the best one for this CPU. Read once, when the native library is initialised (like the OpenMP
   variables of :mod:`.threads`): it is a property of the process, not of one call.
@@ -22,6 +24,7 @@ ENV_DEPTH2 = "LLAMA_PIPELINE_DEPTH2"
 ENV_SKIP_STREAK = "LLAMA_MTP_SKIP_STREAK_THRESHOLD"
 ENV_TRACE = "LLAMA_MTP_ACC_TRACE"
 ENV_CPU_VARIANT = "MTP_BINDINGS_CPU_VARIANT"
+ENV_GRAPH_GREEDY = "MTP_BINDINGS_GRAPH_GREEDY"
 
 
 def env_depth2(environ: Mapping[str, str] = os.environ) -> bool:
@@ -38,6 +41,11 @@ def env_skip_streak(default: int, environ: Mapping[str, str] = os.environ) -> in
         return int(v)
     except ValueError:
         raise InvalidParameterError(f"{ENV_SKIP_STREAK}={v!r} is not an integer") from None
+
+
+def env_graph_greedy(environ: Mapping[str, str] = os.environ) -> bool:
+    """Greedy picks in the graph unless ``MTP_BINDINGS_GRAPH_GREEDY=0``."""
+    return environ.get(ENV_GRAPH_GREEDY, "1") != "0"
 
 
 def env_trace(environ: Mapping[str, str] = os.environ) -> str | None:

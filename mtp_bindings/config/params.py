@@ -242,6 +242,8 @@ class DraftParams:
     skip_streak: int = field(default=0, metadata=_int(0, SKIP_STREAK_MAX, "skip a round after this many "
                                                                         "zero-accept rounds (0: never)"))
     h_idx: str = "accepted"
+    # greedy picks taken in the graph where nothing needs the logits rows (MTP_BINDINGS_GRAPH_GREEDY=0: on the host)
+    graph_greedy: bool = True
     ignore_eos: bool = False
     # llama-server's cache_prompt (default on there too): keep the KV of the prompt's longest common
     # prefix with what the context's sequence holds, decode only the rest

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..chat.template import TEXT_TOKENIZE
 from ..llama_context import LlamaContext
-from ..config.env import env_depth2, env_skip_streak, env_trace
+from ..config.env import env_depth2, env_graph_greedy, env_skip_streak, env_trace
 from ..exceptions import ContextOverflowError, InvalidParameterError, NoAssistantError
 from ..llama_model import LlamaModel
 from ..config.limits import UNTIL_FULL
@@ -54,6 +54,7 @@ def draft_params(draft_n_max: int | None = None, depth2: bool | None = None, ski
         draft_n_max=base.draft_n_max if draft_n_max is None else draft_n_max,
         auto=base.auto and (draft_n_max is None or preset is not None),
         depth2=env_depth2() if depth2 is None else bool(depth2),
+        graph_greedy=env_graph_greedy(),
         skip_streak=env_skip_streak(base.skip_streak) if skip_streak is None else skip_streak,
         h_idx=h_idx,
         ignore_eos=bool(ignore_eos),

@@ -59,6 +59,11 @@ def token_rounds(ctx: LlamaContext, prompt: Sequence[int], sampler: Sampler, max
     counts = make_draft_count(ctx, drafting, draft_n_max, opts.auto, pool_key)
     verifier = Verifier(ctx, seq_id, opts.h_idx)
     rejection = RejectionSampler(sampler, constraint)
+    # greedy, and nothing needs a row (logprobs, a grammar, a chain that moves the argmax): the graph takes the
+    # argmax of each row, and a round reads k + 1 token ids instead of k + 1 rows of n_vocab logits
+    graph = (opts.graph_greedy and sampler.params.greedy and not sampler.chain.changes_argmax
+             and logprobs is None and constraint is None and ctx.set_graph_greedy(seq_id, True))
+    rows: list[np.ndarray] = []
     trace = tracer.enabled and drafting
     history = list(prompt)
     n_ctx = ctx.n_ctx
@@ -68,12 +73,12 @@ def token_rounds(ctx: LlamaContext, prompt: Sequence[int], sampler: Sampler, max
     try:
         t0 = time.perf_counter()
         ctx.adapt_threads()
-        if not prefill(ctx, history, seq_id, drafting, prompt_progress, stats.n_prompt_cached):
+        if not prefill(ctx, history, seq_id, drafting, prompt_progress, stats.n_prompt_cached, sampled=graph):
             return
         stats.t_prompt = time.perf_counter() - t0
         t = time.perf_counter()
         sampler.accept_history(history)  # the prompt, as llama-server's slot feeds its sampler
-        x = rejection.sample(ctx.logits_view(-1))
+        x = rejection.take(ctx.sampled_tokens(1)[0]) if graph else rejection.sample(ctx.logits_view(-1))
         stats.t_sample += time.perf_counter() - t
         attn_pos = len(history) - 1
         if model.is_eog(x) and not opts.ignore_eos:
@@ -112,12 +117,15 @@ def token_rounds(ctx: LlamaContext, prompt: Sequence[int], sampler: Sampler, max
                              h_l2=float(np.linalg.norm(h)) if h is not None else 0.0, drafts=drafts)
 
             t = time.perf_counter()
-            rows = verifier.rows(x, drafts, attn_pos)
+            if graph:
+                picks = verifier.picks(x, drafts, attn_pos)
+            else:
+                rows = verifier.rows(x, drafts, attn_pos)
             t_verify = time.perf_counter() - t
             stats.t_verify += t_verify
 
             t = time.perf_counter()
-            n_acc, y = rejection.verify(rows, drafts)
+            n_acc, y = rejection.verify_picks(picks, drafts) if graph else rejection.verify(rows, drafts)
             t_sample = time.perf_counter() - t
             stats.t_sample += t_sample
             # Re-read the load for the next decode here: the drafting worker and the compute threads are idle,

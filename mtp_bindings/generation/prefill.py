@@ -19,18 +19,18 @@ PromptProgress = Callable[[int, int], "bool | None"]
 
 
 def prefill(ctx: LlamaContext, prompt: Sequence[int], seq_id: int, hidden: bool,
-            progress: PromptProgress | None = None, n_keep: int = 0) -> bool:
+            progress: PromptProgress | None = None, n_keep: int = 0, sampled: bool = False) -> bool:
     """Keep the first ``n_keep`` tokens of ``seq_id`` (a cached prefix of ``prompt``, at most
     ``len(prompt) - 1``), remove the rest, and decode ``prompt[n_keep:]`` after them; the last
-    token's logits (and hidden state when ``hidden``) are then row -1. False when ``progress``
-    asked to stop."""
+    token's logits (its greedy pick in the graph when ``sampled``; and hidden state when ``hidden``)
+    are then row -1. False when ``progress`` asked to stop."""
     ctx.seq_rm(seq_id, n_keep, -1)  # also drains a drafting request in flight (the KV-edit hook)
     if len(prompt) - 1 > n_keep:
         ctx.set_embeddings(False)
         if not _decode_prompt(ctx, list(prompt[:-1]), n_keep, seq_id, progress):
             return False
     ctx.set_embeddings(hidden)
-    ctx.decode(prompt[-1:], pos=len(prompt) - 1, seq_id=seq_id)
+    ctx.decode(prompt[-1:], pos=len(prompt) - 1, seq_id=seq_id, sampled=sampled)
     return True
 
 

@@ -67,6 +67,19 @@ class RejectionSampler:
             self._emit(int(d))
         return len(drafts), self.sample(rows[len(drafts)])
 
+    def verify_picks(self, picks: Sequence[int], drafts: Sequence[int]) -> tuple[int, int]:
+        """:meth:`verify` at temperature 0 with a chain that cannot change the argmax, given each row's
+        argmax (``picks``, taken in the graph) instead of the rows: the same tokens, no row read."""
+        for i, d in enumerate(drafts):
+            if picks[i] != d:
+                return i, self._emit(picks[i])
+            self._emit(int(d))
+        return len(drafts), self._emit(picks[len(drafts)])
+
+    def take(self, pick: int) -> int:
+        """The token after the prompt when the graph picked it (greedy): emitted as :meth:`sample`'s is."""
+        return self._emit(int(pick))
+
     def sample(self, row: np.ndarray) -> int:
         """One token from one logits row (the first token after the prompt, or the bonus token
         after the accepted drafts), masked by the constraint if there is one."""

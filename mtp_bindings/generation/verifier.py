@@ -29,6 +29,13 @@ class Verifier:
         self.ctx.decode(batch, pos=attn_pos + 1, seq_id=self.seq_id, logits="all")
         return [self.ctx.logits_view(i) for i in range(len(batch))]
 
+    def picks(self, last_token: int, drafts: list[int], attn_pos: int) -> list[int]:
+        """As :meth:`rows`, for a greedy generation whose picks the graph takes: the argmax of each
+        row, read as ``len(drafts) + 1`` token ids instead of rows of logits."""
+        batch = [last_token] + drafts
+        self.ctx.decode(batch, pos=attn_pos + 1, seq_id=self.seq_id, logits="all", sampled=True)
+        return self.ctx.sampled_tokens(len(batch))
+
     def accept(self, attn_pos: int, n_drafted: int, n_accepted: int) -> None:
         """Keep the first ``n_accepted`` drafts: drop the rejected ones' KV cells."""
         if n_accepted < n_drafted:
