@@ -16,7 +16,8 @@ from .config import SAMPLING, BenchConfig, Setup, log, setups
 from .util import CpuMeter, ServerProcess, cpu_seconds, free_port, median, ours_serve_argv, spread, upstream_argv
 
 #: Upstream's greedy output may part from ours plain at a near-tie for this tolerance: it decodes the prompt in
-#: another batch split, outside the batch-invariant kernels (tests/numerics.py "prompt_batch": 5.6e-3 measured).
+#: another batch split, outside the batch-invariant kernels: tests/numerics.py's TOL["prompt_batch"], its measured
+#: basis there (tests/test_bench_smoke.py checks the two values are one).
 NEAR_TIE_TOL = 1.5e-2
 
 
