@@ -22,6 +22,8 @@ import cffi
 import pycparser
 from pycparser import c_ast, c_generator
 
+from llama_source import PINNED_COMMIT  # build_support/, beside this script: the pin, once
+
 # ggml functions the Python layer calls directly (everything else of ggml stays out of the cdef).
 GGML_FUNCTIONS = {
     "ggml_backend_load_all",
@@ -60,21 +62,23 @@ typedef struct __va_list_tag va_list;
 BUILTIN_NAMES = {"int8_t", "uint8_t", "int16_t", "uint16_t", "int32_t", "uint32_t", "int64_t",
                  "uint64_t", "size_t", "ptrdiff_t", "intptr_t", "uintptr_t", "bool", "FILE", "va_list"}
 
-# C helpers compiled into the module: Python callbacks (extern "Python") and a silent log sink, so
-# that ``verbose=False`` never calls into Python from native threads.
+# C helpers compiled into the module: Python callbacks (extern "Python"), a silent log sink, so that
+# ``verbose=False`` never calls into Python from native threads, and the llama.cpp commit the source was
+# pinned to (llama.cpp's own llama_version() knows no commit in a build from the sdist, which has no git).
 # (a #define's value comes from the header when the module is compiled: "...")
 CDEF_EXTRA = """
 #define LLAMA_MTP_MAX_STEPS ...
 extern "Python" void _mtp_log_callback(enum ggml_log_level, const char *, void *);
 extern "Python" bool _mtp_progress_callback(float, void *);
 void mtp_log_silent(enum ggml_log_level level, const char * text, void * user_data);
+const char * mtp_llama_cpp_commit(void);
 """
 CSRC = """
 #include "llama.h"
 static void mtp_log_silent(enum ggml_log_level level, const char * text, void * user_data) {
     (void) level; (void) text; (void) user_data;
 }
-"""
+""" + f'static const char * mtp_llama_cpp_commit(void) {{ return "{PINNED_COMMIT}"; }}\n'
 
 
 def preprocess(llama_src: Path, cc: str) -> str:

@@ -6,8 +6,8 @@ Run by CMake at configure time (and usable by hand)::
 
 Steps, each skipped when a stamp says it is already done:
 
-1. Obtain the sdist of ``llama-cpp-python==0.3.36`` (which carries ggml-org/llama.cpp at the
-   pinned commit under ``vendor/llama.cpp``), verify its sha256, and unpack only that directory
+1. Obtain the sdist of ``PINNED_PACKAGE`` (which carries ggml-org/llama.cpp at ``PINNED_COMMIT``
+   under ``vendor/llama.cpp``), verify its sha256, and unpack only that directory
    into ``--dest``. ``MTP_BINDINGS_LLAMA_SOURCE`` may name a local copy of the sdist or an already
    unpacked llama.cpp source tree (offline builds).
 2. Apply ``patches/*.patch`` in name order with ``git apply``. The original of every file a patch

@@ -13,6 +13,9 @@ generation on the same thread, waiting could last forever, so it raises
 :class:`~mtp_bindings.exceptions.ContextBusyError` at once. ``Model.generate`` without a ``context``
 never meets either: the model lends it an idle context of its pool or a fresh one.
 
+Reading the last decode's logits and embeddings is its base class
+:class:`~mtp_bindings.core.outputs.ContextOutputs`.
+
 A context knows nothing of drafting. Layers above it subscribe to its events instead:
 :meth:`LlamaContext.on_kv_edit` callbacks run before a destructive KV edit and :meth:`LlamaContext.on_close`
 callbacks before the native context is freed (the MTP layer drains its request in flight there); the public ``mtp_bindings.Context`` is
@@ -33,8 +36,8 @@ from typing import Any, Callable, Literal, Protocol, Sequence, TypeVar
 
 import numpy as np
 
+from .core.outputs import ContextOutputs
 from .native import _native
-from .native._handle import NativeHandle
 from .native._native import ffi, lib
 from .exceptions import ContextError, ContextOverflowError, DecodeError, InvalidParameterError
 from .config.params import (DRAFT_N_MAX, FLASH_ATTN, KV_TYPES, POOLING_TYPES, THREADS_MAX, ContextParams,
@@ -87,7 +90,7 @@ def native_context_params(params: ContextParams) -> Any:
     return p
 
 
-class LlamaContext(NativeHandle):
+class LlamaContext(ContextOutputs):
     """An inference context. Create it with :meth:`Model.create_context`; close it (or use
     ``with``) to free its native memory.
 
@@ -219,13 +222,6 @@ class LlamaContext(NativeHandle):
 
     # --- settings -------------------------------------------------------------------------------
 
-    def set_embeddings(self, on: bool) -> None:
-        """Also output hidden states (needed for MTP drafting: ``h_prev``)."""
-        with self._lock:
-            if bool(on) != self._embeddings_on:
-                lib.llama_set_embeddings(self.ptr, bool(on))
-                self._embeddings_on = bool(on)
-
     def set_threads(self, n_threads: int, n_threads_batch: int | None = None) -> None:
         for v in (n_threads, n_threads_batch):
             if v is not None and not valid_thread_count(v):
@@ -308,18 +304,6 @@ class LlamaContext(NativeHandle):
                 n_out = self._decode_chunk(toks[start:start + m], pos + start, seq_id, out[start:start + m])
             return n_out
 
-    def _prepare_outputs(self, seq_id: int, n_out: int, sampled: bool) -> None:
-        """A decode with outputs from a sequence whose picks are taken in the graph, but not asked
-        ``sampled``, needs its logits rows: the graph's picking goes off first."""
-        if sampled and seq_id not in self._graph_greedy:
-            raise ContextError(f"sampled=True needs set_graph_greedy({seq_id}, True) first")
-        if not sampled and n_out and seq_id in self._graph_greedy:
-            self.set_graph_greedy(seq_id, False)
-        if sampled and n_out > DRAFT_N_MAX + 1:
-            raise InvalidParameterError(f"a decode picks at most {DRAFT_N_MAX + 1} tokens in the graph, "
-                                        f"{n_out} outputs were asked")
-        self._sampled = sampled
-
     def _decode_chunk(self, toks: np.ndarray, pos: int, seq_id: int, out: np.ndarray) -> int:
         m = int(toks.size)
         self._b_token[:m] = toks
@@ -348,91 +332,6 @@ class LlamaContext(NativeHandle):
     def _check_seq(self, seq_id: int) -> None:
         if not isinstance(seq_id, (int, np.integer)) or not 0 <= seq_id < self.params.n_seq_max:
             raise InvalidParameterError(f"seq_id must be in [0, {self.params.n_seq_max}), got {seq_id!r}")
-
-    def _check_output(self, i: int) -> int:
-        if not isinstance(i, (int, np.integer)):
-            raise InvalidParameterError(f"output index must be an int, got {i!r}")
-        if not -self.n_outputs <= i < self.n_outputs:
-            raise InvalidParameterError(f"output index {i} out of range (the last decode had {self.n_outputs} outputs)")
-        return int(i)
-
-    def get_logits(self, i: int = -1) -> np.ndarray:
-        """Logits of output row ``i`` of the last decode, a float32 array of ``n_vocab``."""
-        return self.logits_view(i).copy()
-
-    def get_logits_all(self) -> np.ndarray:
-        """All output rows of the last decode, ``[n_outputs, n_vocab]`` float32."""
-        with self._lock:
-            return np.stack([self.get_logits(i) for i in range(self.n_outputs)]) if self.n_outputs else \
-                np.zeros((0, self._n_vocab), dtype=np.float32)
-
-    def logits_view(self, i: int = -1) -> np.ndarray:
-        """Logits of output row ``i`` as a read-only view of llama.cpp's buffer: no copy (a verify
-        round reads a few full-vocab rows), valid only until the next decode."""
-        with self._lock:
-            if self._sampled:
-                raise ContextError("the last decode took its picks in the graph (sampled=True): it kept no logits")
-            i = self._check_output(i)
-            ptr = lib.llama_get_logits_ith(self.ptr, i)
-            if ptr == ffi.NULL:
-                raise DecodeError(f"no logits for output {i}")
-            view = np.frombuffer(ffi.buffer(ptr, self._n_vocab * 4), dtype=np.float32)
-            view.flags.writeable = False
-            return view
-
-    # --- greedy picks in the graph -----------------------------------------------------------
-
-    def set_graph_greedy(self, seq_id: int, on: bool) -> bool:
-        """Take sequence ``seq_id``'s greedy picks in the graph (llama.cpp's backend sampling: an argmax
-        of each output row on the device that computed it) for decodes made with ``sampled=True``:
-        they read a token id per row instead of a row of ``n_vocab`` logits. Any other decode with
-        outputs for the sequence turns it off first. Switching costs a graph reservation at the next
-        decode, so it stays on between generations. Returns whether it is on (a backend that cannot
-        run the argmax says no)."""
-        with self._lock:
-            self._check_seq(seq_id)
-            if bool(on) == (seq_id in self._graph_greedy):
-                return bool(on)
-            if not on:
-                lib.llama_set_sampler(self.ptr, seq_id, ffi.NULL)
-                lib.llama_sampler_free(self._graph_greedy.pop(seq_id))
-                return False
-            chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
-            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_greedy())
-            if not lib.llama_set_sampler(self.ptr, seq_id, chain):
-                lib.llama_sampler_free(chain)
-                return False
-            self._graph_greedy[seq_id] = chain
-            return True
-
-    @property
-    def graph_greedy_seqs(self) -> frozenset[int]:
-        """The sequences whose greedy picks the graph takes (see :meth:`set_graph_greedy`)."""
-        return frozenset(self._graph_greedy)
-
-    def sampled_tokens(self, n: int) -> list[int]:
-        """The greedy picks of output rows ``0..n-1`` of the last decode, made with ``sampled=True``."""
-        with self._lock:
-            if not self._sampled:
-                raise ContextError("the last decode was not made with sampled=True: it picked no tokens")
-            if not 0 < n <= self.n_outputs:
-                raise InvalidParameterError(f"{n} picks asked, the last decode had {self.n_outputs} outputs")
-            get = lib.llama_get_sampled_token_ith
-            picks = [int(get(self.ptr, i)) for i in range(n)]
-            if min(picks) < 0:
-                raise DecodeError(f"the graph picked no token for some of outputs 0..{n - 1}: {picks}")
-            return picks
-
-    def get_embeddings(self, i: int = -1) -> np.ndarray:
-        """Hidden state of output row ``i`` of the last decode (needs embeddings on)."""
-        with self._lock:
-            if not self._embeddings_on:
-                raise ContextError("embeddings are off: create the context with embeddings=True or call set_embeddings(True)")
-            i = self._check_output(i)
-            ptr = lib.llama_get_embeddings_ith(self.ptr, i)
-            if ptr == ffi.NULL:
-                raise DecodeError(f"no embeddings for output {i}")
-            return np.frombuffer(ffi.buffer(ptr, self._n_embd * 4), dtype=np.float32).copy()
 
     # --- KV memory ------------------------------------------------------------------------------
 

@@ -1,9 +1,11 @@
 """``LlamaModel``: a loaded GGUF, its vocabulary and metadata, and the contexts made on it.
 
 It owns the native ``llama_model`` and frees it (and its contexts) on :meth:`LlamaModel.close` /
-``with``. This is the model of the bindings' lower layer: it knows nothing of drafting or
-generation. The public :class:`mtp_bindings.Model` (:mod:`mtp_bindings.api`) extends it with the
-MTP assistant, MTP-capable contexts and ``generate`` / ``chat``.
+``with``. The vocabulary (tokenize, detokenize, special tokens) is its base class
+:class:`~mtp_bindings.core.vocab.ModelVocabulary`. This is the model of the bindings' lower layer:
+it knows nothing of drafting or generation. The public :class:`mtp_bindings.Model`
+(:mod:`mtp_bindings.api`) extends it with the MTP assistant, MTP-capable contexts and ``generate`` /
+``chat``.
 """
 
 from __future__ import annotations
@@ -12,19 +14,18 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from .native import _native
-from .native._handle import NativeHandle
+# the file helpers below are also imported from here (tests, cli.session): kept importable
 from .native._model_file import (GGUF_MAGIC, ProgressCallback, _c_string, _tqdm_progress, check_gguf_file,  # noqa: F401
                                  negative_needs, read_grown, snprintf_needs)
 from .native._native import ffi, lib
+from .core.vocab import ModelVocabulary
 from .llama_context import LlamaContext
 from .native.devices import add_rpc_servers, parse_rpc_servers, placement_array
 from .exceptions import (
@@ -32,7 +33,6 @@ from .exceptions import (
     InvalidParameterError,
     ModelLoadError,
     NotATargetModelError,
-    TokenizeError,
 )
 from .config.limits import DEFAULT_N_CTX, default_n_ctx
 from .config.params import ContextParams
@@ -53,7 +53,7 @@ GENERATION_POOL_IDLE = 2
 ASSISTANT_ARCHS = ("gemma4-assistant", "gemma4_assistant")
 
 
-class LlamaModel(NativeHandle):
+class LlamaModel(ModelVocabulary):
     """A GGUF model loaded with llama.cpp (the lower layer; most code wants :class:`mtp_bindings.Model`).
 
     Args:
@@ -226,10 +226,6 @@ class LlamaModel(NativeHandle):
         return int(lib.llama_model_n_ctx_train(self.ptr))
 
     @property
-    def n_vocab(self) -> int:
-        return self._n_vocab
-
-    @property
     def n_params(self) -> int:
         return int(lib.llama_model_n_params(self.ptr))
 
@@ -261,92 +257,6 @@ class LlamaModel(NativeHandle):
     def chat_template(self) -> str | None:
         tmpl = lib.llama_model_chat_template(self.ptr, ffi.NULL)
         return None if tmpl == ffi.NULL else ffi.string(tmpl).decode("utf-8", errors="replace")
-
-    # --- vocabulary -----------------------------------------------------------------------------
-
-    @property
-    def vocab(self) -> Any:
-        """The native vocabulary (freed with the model: a closed model raises ``ModelLoadError``)."""
-        self.ptr  # noqa: B018 (raises once closed)
-        return self._vocab_ptr
-
-    @property
-    def token_bos(self) -> int:
-        return int(lib.llama_vocab_bos(self.vocab))
-
-    @property
-    def token_eos(self) -> int:
-        return int(lib.llama_vocab_eos(self.vocab))
-
-    @property
-    def token_eot(self) -> int:
-        return int(lib.llama_vocab_eot(self.vocab))
-
-    @property
-    def add_bos(self) -> bool:
-        return bool(lib.llama_vocab_get_add_bos(self.vocab))
-
-    def is_eog(self, token: int) -> bool:
-        """True for end-of-generation tokens (EOS, EOT, ...)."""
-        return bool(lib.llama_vocab_is_eog(self.vocab, token))
-
-    def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        """Text -> token ids. ``add_special`` adds BOS when the model wants it; ``parse_special``
-        turns control-token text (``<start_of_turn>``) into the control tokens."""
-        if isinstance(text, str):
-            data = text.encode("utf-8")
-        elif isinstance(text, (bytes, bytearray)):
-            data = bytes(text)
-        else:
-            raise TokenizeError(f"tokenize expects str or bytes, got {type(text).__name__}")
-        if len(data) >= 2**31 - 1:
-            raise TokenizeError("text too long to tokenize")
-        def fill(buf: Any, n_max: int) -> int:
-            n = lib.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
-            if n == -(2**31):
-                raise TokenizeError("tokenization overflowed int32")
-            return n
-
-        buf, n = read_grown("llama_token[]", len(data) + 8, fill, negative_needs)
-        return list(ffi.unpack(buf, n))
-
-    def check_tokens(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Token ids as int32 array, or :class:`TokenizeError` if any is outside the vocabulary."""
-        try:
-            arr = np.asarray(tokens)
-        except (TypeError, ValueError) as e:
-            raise TokenizeError(f"tokens must be a sequence of ints: {e}") from e
-        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-            raise TokenizeError(f"tokens must be a flat sequence of ints, got dtype {arr.dtype} shape {arr.shape}")
-        if arr.size:
-            lo, hi = int(arr.min()), int(arr.max())
-            if lo < 0 or hi >= self._n_vocab:
-                bad = lo if lo < 0 else hi
-                raise TokenizeError(f"token id {bad} is outside the vocabulary [0, {self._n_vocab})")
-        return arr.astype(np.int32, copy=False)
-
-    def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
-        """The bytes one token renders to (may be a partial UTF-8 sequence)."""
-        key = token if not special else ~token
-        cached = self._piece_cache.get(key)
-        if cached is not None:
-            return cached
-        self.check_tokens([token])
-        buf, n = read_grown("char[]", 32, lambda b, size: lib.llama_token_to_piece(self.vocab, token, b, size, 0, special),
-                            negative_needs)
-        piece = ffi.unpack(buf, n)
-        self._piece_cache[key] = piece
-        return piece
-
-    def detokenize(self, tokens: Iterable[int], *, special: bool = False) -> str:
-        """Token ids -> text (invalid UTF-8 is replaced)."""
-        arr = self.check_tokens(list(tokens))
-        n_tokens = int(arr.size)
-        size = max(16, n_tokens * 8)
-        cbuf = ffi.from_buffer("llama_token[]", np.ascontiguousarray(arr))
-        buf, n = read_grown("char[]", size, lambda b, m: lib.llama_detokenize(self.vocab, cbuf, n_tokens, b, m, False, special),
-                            negative_needs)
-        return ffi.unpack(buf, n).decode("utf-8", errors="replace")
 
     # --- contexts ---------------------------------------------------------------------------------
 

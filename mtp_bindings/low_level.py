@@ -8,7 +8,8 @@ No argument checking, no ownership tracking: a wrong pointer here crashes the pr
 function they do not wrap. ``model.ptr`` and ``context.ptr`` give the native handles.
 
 ``cdef`` is the exact declaration text the module was compiled from. ``cpu_variant()`` names the
-CPU variant a portable build (a wheel) runs (None in a native build).
+CPU variant a portable build (a wheel) runs (None in a native build); ``llama_cpp_commit()`` the
+upstream commit the patched source was pinned to.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .native._backends import LIB_DIR
-from .native._native import cpu_variant, ensure_initialised, ffi, lib
+from .native._native import cpu_variant, ensure_initialised, ffi, lib, llama_cpp_commit
 
 _CDEF_FILE = Path(__file__).parent / "include" / "_ffi_cdef.h"
 
@@ -36,4 +37,5 @@ def library_dir() -> Path:
     return LIB_DIR
 
 
-__all__ = ["ffi", "lib", "ensure_initialised", "cpu_variant", "cdef", "include_dir", "library_dir"]
+__all__ = ["ffi", "lib", "ensure_initialised", "cpu_variant", "llama_cpp_commit", "cdef", "include_dir",
+           "library_dir"]

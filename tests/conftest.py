@@ -6,8 +6,9 @@ Every test gets the marker of its tier, by file: ``capi`` (the C API and ggml ke
 wheel from ``make wheel``, installed in a venv of its own; skipped without one), ``vulkan`` (MTP on a Vulkan
 device, ``make test-vulkan``; skipped without one); and ``native`` when it
 needs compiled code, i.e. every tier but ``pure`` (pure-Python modules: import graph, parameters,
-sampling maths, the patch series, the backend-loading rule). ``pytest -m "not native"`` runs without a
-build (files that need it are then not even collected); ``pytest -m server`` runs one tier.
+sampling maths, the patch series, the backend-loading rule, the overloads of ``generate`` / ``chat``).
+``pytest -m "not native"`` runs without a build (files that need it are then not even collected);
+``pytest -m server`` runs one tier.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from fixture_paths import BUNDLED, fixture_path
 
 TIERS: dict[str, tuple[str, ...]] = {
     "pure": ("test_import_graph.py", "test_params.py", "test_patch_series.py", "test_sampling.py", "test_backends.py",
-             "test_gemma4_chat.py", "test_draft_controller.py", "test_agreement.py", "test_gguf_header.py"),
+             "test_gemma4_chat.py", "test_draft_controller.py", "test_agreement.py", "test_gguf_header.py",
+             "test_overloads.py"),
     "capi": ("test_c_api.py", "test_c_api_stateful.py", "test_struct_layout.py", "test_native_errors.py",
              "test_matmul_few_columns.py", "test_vector_tanh.py", "test_malformed_files.py", "test_shared_cpu.py",
              "test_threads.py", "test_cpu_variants.py"),

@@ -6,9 +6,9 @@ Three kinds of comparison, and which one a test needs:
 
 * **exact** -- two runs of one computation: within one model and build, MTP against plain decoding
   (every CPU kernel of a decode of 1..8 tokens rounds each row as a one-token decode does, patches
-  0101-0104, 0108, 0111-0113: ``test_matmul_few_columns.py`` bit for bit, ``test_cpu_variants.py`` on
-  the haswell and zen4 variants), logprobs with and without drafting, a server against the same model
-  in process. Token lists and floats are compared with ``==``.
+  0101-0104, 0108, 0111-0114 and 0117: ``test_matmul_few_columns.py`` bit for bit,
+  ``test_cpu_variants.py`` on the haswell and zen4 variants), logprobs with and without drafting, a
+  server against the same model in process. Token lists and floats are compared with ``==``.
 * **teacher-forced** -- two different computations (another weight / KV type, a scaled copy, HF): the
   reference's tokens are fed to both (:func:`forced_rows`) and every row is compared within the
   table's tolerance, so one near-tie cannot part the histories and spoil the rows after it.
@@ -66,7 +66,7 @@ TOL: dict[str, Tolerance] = {
                                                        "8.2e-4 / 1.26e-2 / 1.23e-2 (prompt rows and 32 forced "
                                                        "tokens, five prompts); ~2x"),
     # a GPU backend's rows of a batch of 2..5 tokens vs its one-token decodes (its kernels are not batch-invariant:
-    # patches 0101-0114 make the CPU's so); MTP against plain decoding on such a device is compared by the near-tie rule
+    # the patches above make the CPU's so); MTP against plain decoding on such a device is compared by the near-tie rule
     "device_batch_vs_single": Tolerance(0.4, 0.188, "Vulkan on Mesa's lavapipe, every layer offloaded, plain greedy "
                                                      "continuations of three prompts re-decoded in batches of 2-5: "
                                                      "ple 0.188, keqv 0.077, dense 0.057, trained 0.003; ~2x"),

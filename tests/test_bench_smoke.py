@@ -115,7 +115,8 @@ def test_a_parting_from_ours_plain_is_judged_on_the_row_ours_plain_chose_from(tr
     import numpy as np
 
     from mtp_bindings import Model
-    from mtp_bindings.benchmark.matrix import NEAR_TIE_TOL, MatrixRunner, Sample, identity_check
+    from mtp_bindings.benchmark.matrix import NEAR_TIE_TOL, MatrixRunner
+    from mtp_bindings.benchmark.samples import Sample, identity_check
     from mtp_bindings.generation.agreement import forced_rows
     from numerics import TOL
 

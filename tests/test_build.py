@@ -22,6 +22,16 @@ def test_cffi_module_loads_and_exposes_the_c_api():
     assert hasattr(low_level.lib, "llama_model_load_from_file")
 
 
+def test_the_module_reports_the_pinned_llama_cpp_commit():
+    """``--version``'s llama.cpp commit is compiled in from build_support/llama_source.py (the pin, once)."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "build_support"))
+    try:
+        import llama_source
+    finally:
+        sys.path.pop(0)
+    assert low_level.llama_cpp_commit() == llama_source.PINNED_COMMIT
+
+
 def test_native_libraries_are_inside_the_package():
     names = {p.name.split(".so")[0] for p in low_level.library_dir().glob("*.so*")}
     assert {"libllama", "libggml", "libggml-base"} <= names

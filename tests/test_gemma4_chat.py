@@ -255,7 +255,7 @@ def test_bad_gemma_values(text: str) -> None:
 
 
 def test_the_request_schema_turns_tool_arguments_into_objects() -> None:
-    from mtp_bindings.server.schemas import ChatMessage
+    from mtp_bindings.server.chat_schemas import ChatMessage
 
     msg = ChatMessage.model_validate({"role": "assistant", "content": None, "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": [1]}'}},

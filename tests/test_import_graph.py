@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("pure", ("exceptions", "config", "models", "chat", "chat.reply", "chat.template_env", "chat.gemma4_template",
               "turns", "hub", "_lazy")),
     ("native", ("_ffi", "native", "low_level", "chat.builtin_templates")),
-    ("core", ("llama_context", "llama_model", "embeddings")),
+    ("core", ("llama_context", "llama_model", "embeddings", "core")),
     ("mtp", ("mtp", "chat.template")),
     ("generation", ("generation",)),
     ("api", ("api",)),
@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 
 # Subpackages whose ``__init__`` must stay a docstring: their modules sit in different layers (or
 # must import without native code), and a package's ``__init__`` runs before any of its modules.
-EMPTY_PACKAGES = ("native", "chat", "config", "gguffile", "scale_pair")
+EMPTY_PACKAGES = ("native", "chat", "config", "gguffile", "scale_pair", "core")
 
 # Modules that must import without the compiled extension (the fast test tier).
 PURE_MODULES = ("config", "config.params", "config.limits", "config.presets", "config.env", "config.threads",
@@ -140,6 +140,14 @@ def test_layered_subpackages_import_nothing():
 def test_the_package_root_holds_at_most_a_dozen_modules():
     root = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(root) <= 12, f"{len(root)} modules at the root: {root}; move some into a subpackage"
+
+
+MAX_MODULE_LINES = 400  # one concern a module, read in one sitting: split a module that grows past this
+
+
+def test_no_module_exceeds_max_lines():
+    long = {m: n for m, p in modules().items() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"over {MAX_MODULE_LINES} lines (split it along a seam): {long}"
 
 
 def test_every_module_has_a_declared_layer():

@@ -1,4 +1,4 @@
-"""Matrix products and attention with few input columns (patches 0100-0104, 0108, 0111-0114; issues 8, 23).
+"""Matrix products and attention with few input columns (patches 0100-0104, 0108, 0111-0114, 0117; issues 8, 23).
 
 * ggml alone: every product of f16, q8_0, q4_K and q6_K weights with n = 1..8 columns (and a few more)
   agrees with a naive reference on the dequantized weights within test-backend-ops' MUL_MAT

@@ -6,6 +6,7 @@ the pinned source."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -63,6 +64,31 @@ def test_number_ranges_00xx_llama_01xx_ggml(patch):
     touched, created = llama_source.patch_paths(patch)
     in_ggml = {f.startswith("ggml/") for f in touched + created}
     assert in_ggml == ({True} if patch.name.startswith("01") else {False}), sorted(set(touched + created))
+
+
+def test_readme_pin_line_is_generated_from_llama_source():
+    readme = patch_readme.README.read_text()
+    assert patch_readme.render_pin(readme, patch_readme.pin_line()) == readme, \
+        "patches/README.md's pin line is stale: run python tools/patch_readme.py"
+    assert llama_source.PINNED_COMMIT in patch_readme.pin_line()
+
+
+ROOT = Path(__file__).parent.parent
+_PINS = {  # what a document may quote of the pin, and the value it must then have
+    "commit": (re.compile(r"llama\.cpp@([0-9a-f]{7,40})\b"), llama_source.PINNED_COMMIT),
+    "version": (re.compile(r"llama[-_]cpp[-_]python(?:==|-)(\d+(?:\.\d+)+)"), llama_source.PINNED_VERSION),
+}
+
+
+def test_documents_quote_the_pin_llama_source_holds():
+    """The pin is written once (build_support/llama_source.py); a README that shows it shows that one."""
+    docs = sorted({*ROOT.glob("*.md"), *(p for d in ("patches", "tools", "bench", "examples", "mtp_bindings")
+                                          for p in (ROOT / d).rglob("*.md"))})
+    assert ROOT / "patches" / "README.md" in docs
+    wrong = [f"{doc.relative_to(ROOT)}: {what} {m.group(1)} (the pin: {pinned})"
+             for doc in docs for what, (pattern, pinned) in _PINS.items()
+             for m in pattern.finditer(doc.read_text()) if m.group(1) != pinned]
+    assert not wrong, wrong
 
 
 def test_a_patch_without_header_is_detected():

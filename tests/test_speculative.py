@@ -24,7 +24,7 @@ PROMPTS = ["def main(argv):\n", "import os\nimport sys\n", "class Queue:\n    de
 
 def assert_same_greedy(plain, spec, label) -> None:
     """``spec`` equals ``plain`` token for token: a verify batch rounds each row as the one-token decode
-    it stands for (patches 0101-0104, 0108, 0111-0113: every CPU kernel of a decode is batch-invariant), so
+    it stands for (every CPU kernel of a decode is batch-invariant: the patches tests/numerics.py lists), so
     MTP at temperature 0 is plain greedy decoding exactly, near-ties included (tests/numerics.py)."""
     assert_same_tokens(plain.tokens, spec.tokens, f"{label}: MTP vs plain greedy")
 

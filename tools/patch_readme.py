@@ -1,25 +1,30 @@
-"""Regenerate the patch table at the top of ``patches/README.md`` from the series itself.
+"""Regenerate the generated parts of ``patches/README.md``: its pin line, from
+``build_support/llama_source.py``, and the patch table, from the series itself.
 
-    python tools/patch_readme.py           # rewrite the table in place
-    python tools/patch_readme.py --check   # exit 1 when the table is stale (what the test runs)
+    python tools/patch_readme.py           # rewrite them in place
+    python tools/patch_readme.py --check   # exit 1 when either is stale (what the test runs)
 
-Each row is a patch file's name, its line count and its header's subject line. A header is what
-precedes the diff: a subject line, a blank line, a paragraph saying why, a blank line and the
-diffstat (``git diff --stat``), as in every patch of the series. Everything in the README outside the
-table is hand-written and kept as it is.
+The pin line is the line starting ``The pinned source:``. Each row of the table is a patch file's
+name, its line count and its header's subject line. A header is what precedes the diff: a subject
+line, a blank line, a paragraph saying why, a blank line and the diffstat (``git diff --stat``), as in
+every patch of the series. Everything else in the README is hand-written and kept as it is.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 PATCH_DIR = ROOT / "patches"
 README = PATCH_DIR / "README.md"
+LLAMA_SOURCE = ROOT / "build_support" / "llama_source.py"
+PIN_PREFIX = "The pinned source: "
 
 TABLE_HEAD = ["| patch | lines | subject (the patch header's first line) |", "|---|---:|---|"]
 _DIFF_START = re.compile(r"^(diff --git |--- )", re.M)
@@ -105,6 +110,37 @@ def table(patch_dir: Path = PATCH_DIR) -> str:
     return "\n".join(rows)
 
 
+def llama_source() -> ModuleType:
+    """``build_support/llama_source.py``, the one place the pin is written (a script, not a package:
+    loaded from its file, nothing put on ``sys.path``)."""
+    spec = importlib.util.spec_from_file_location("llama_source", LLAMA_SOURCE)
+    assert spec is not None and spec.loader is not None, LLAMA_SOURCE
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def pin_line() -> str:
+    src = llama_source()
+    return (f"{PIN_PREFIX}ggml-org/llama.cpp@{src.PINNED_COMMIT}, from the `{src.PINNED_PACKAGE}` sdist "
+            "(written once, in `build_support/llama_source.py`; this line is generated from it).")
+
+
+def render_pin(readme: str, line: str) -> str:
+    """``readme`` with its pin line (the one starting with ``PIN_PREFIX``) replaced by ``line``."""
+    lines = readme.split("\n")
+    at = [i for i, text in enumerate(lines) if text.startswith(PIN_PREFIX)]
+    if len(at) != 1:
+        raise ValueError(f"the README needs one line starting {PIN_PREFIX!r}, has {len(at)}")
+    lines[at[0]] = line
+    return "\n".join(lines)
+
+
+def generate(readme: str) -> str:
+    """``readme`` with its generated parts current: the pin line and the patch table."""
+    return render_pin(render(readme, table()), pin_line())
+
+
 def render(readme: str, new_table: str) -> str:
     """``readme`` with its first table (the block of lines starting with ``|``) replaced."""
     lines = readme.split("\n")
@@ -119,19 +155,20 @@ def render(readme: str, new_table: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--check", action="store_true", help="only say whether the table is current (exit 1 if not)")
+    ap.add_argument("--check", action="store_true",
+                    help="only say whether the pin line and the table are current (exit 1 if not)")
     args = ap.parse_args(argv)
     current = README.read_text()
-    wanted = render(current, table())
+    wanted = generate(current)
     if args.check:
         if wanted != current:
-            print(f"{README.relative_to(ROOT)}: the patch table is stale; run python tools/patch_readme.py",
-                  file=sys.stderr)
+            print(f"{README.relative_to(ROOT)}: the pin line or the patch table is stale; run python "
+                  "tools/patch_readme.py", file=sys.stderr)
             return 1
         return 0
     if wanted != current:
         README.write_text(wanted)
-        print(f"{README.relative_to(ROOT)}: table rewritten ({len(series())} patches)")
+        print(f"{README.relative_to(ROOT)}: pin line and table rewritten ({len(series())} patches)")
     return 0
 
 

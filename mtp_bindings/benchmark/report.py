@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from .config import log
-from .matrix import round_breakdown
+from .samples import round_breakdown
 
 
 

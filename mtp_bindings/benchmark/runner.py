@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from .config import BenchConfig, kv_setup_name, llama_server_path, log
-from .costs import measure_draft_steps, measure_verify, run_cost, upstream_draft_times
+from .costs import measure_draft_steps, measure_verify, run_cost
+from .upstream_costs import upstream_draft_times
 from .driver_time import driver_overhead, profile_driver, py_spy_driver_profile
-from .matrix import MatrixRunner, Sample, aggregate, eog_bias, identity_check, noise_summary
+from .matrix import MatrixRunner, eog_bias
+from .samples import Sample, aggregate, identity_check, noise_summary
 from .report import make_plots, write_report
 from .speedup import expected_speedup
 from .targets import targets
@@ -212,13 +214,15 @@ def package_fingerprint() -> dict[str, Any]:
 
     pkg = Path(low_level.__file__).parent
     out = {}
-    # the speculative loop lives in generation/ (every module there), on llama_context.py and mtp.py
+    # the speculative loop lives in generation/ (every module there), on llama_context.py (its logits
+    # reader: core/outputs.py) and mtp.py
     files = [*sorted(low_level.library_dir().glob("*.so")), llama_server_path(),
-             pkg / "llama_context.py", pkg / "mtp.py", *sorted((pkg / "generation").glob("*.py"))]
+             pkg / "llama_context.py", pkg / "core" / "outputs.py", pkg / "mtp.py",
+             *sorted((pkg / "generation").glob("*.py"))]
     for f in files:
         with contextlib.suppress(OSError):
             st = f.stat()
-            name = f"generation/{f.name}" if f.parent.name == "generation" else f.name
+            name = f"{f.parent.name}/{f.name}" if f.parent.name in ("generation", "core") else f.name
             out[name] = [int(st.st_mtime), st.st_size]
     return out
 

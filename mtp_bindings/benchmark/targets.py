@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .matrix import round_breakdown
+from .samples import round_breakdown
 
 
 def targets(result: dict[str, Any]) -> list[dict[str, Any]]:

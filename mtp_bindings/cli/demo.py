@@ -24,7 +24,7 @@ DEMO_N_PREDICT = 256
 DEMO_PAIRS = ("e2b", "tiny")
 DEMO_WTYPE = "q4_K"
 # Greedy MTP equals plain greedy exactly: every CPU kernel of a decode of 1..8 tokens rounds each row as a
-# one-token decode does (patches 0101-0104, 0108, 0111-0113), so a parting is a defect, reported with the logit gap
+# one-token decode does (the patches tests/numerics.py lists), so a parting is a defect, reported with the logit gap
 # of plain's two candidates at that token.
 
 

@@ -29,12 +29,11 @@ from .version import VersionAction
 DESCRIPTION = ("Gemma 4 MTP (multi-token prediction) speculative decoding on a patched llama.cpp: generate, "
                "chat, serve an OpenAI-compatible API, benchmark, and inspect or convert GGUF files. Without -m "
                "the bundled tiny trained pair is used: it shows MTP at work, but writes gibberish.")
-LLAMA_CPP = "ggml-org/llama.cpp@0c1e57098"  # the pinned upstream commit (see patches/README.md)
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = Parser(prog=PROG, description=DESCRIPTION)
-    ap.add_argument("--version", action=VersionAction, version=f"{PROG} {__version__} (llama.cpp {LLAMA_CPP})",
+    ap.add_argument("--version", action=VersionAction, version=f"{PROG} {__version__}",
                     help="print the version (and the CPU backend in use) and exit")
     ap.add_argument("--list-devices", action=ListDevicesAction,
                     help="print the devices layers can be offloaded to (-dev takes their names) and exit")

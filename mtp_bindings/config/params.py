@@ -296,7 +296,7 @@ def resolve_flash_attn(flash_attn: str, type_v: str, type_k: str = "f16") -> str
 
     Speculative verification decodes k+1 tokens at once and must give the logits a one-token
     decode gives; on the CPU it does, bit for bit, with flash attention off and on (every kernel of a
-    decode of 1..8 tokens is batch-invariant: patches 0101-0104, 0108, 0111-0113,
+    decode of 1..8 tokens is batch-invariant: the patches ``tests/numerics.py`` lists,
     ``tests/test_matmul_few_columns.py``). Off stays the default because it was, before 0108, the
     only way to keep "MTP output == plain output"; on is equally exact now."""
     if flash_attn != "auto":

@@ -158,10 +158,18 @@ def cpu_variant() -> str | None:
     return _backends.cpu_variant_in_use(lib, ffi)
 
 
+def llama_cpp_commit() -> str:
+    """The upstream llama.cpp commit this build was patched from, as ``build_support/gen_ffi.py``
+    compiled it into the module from ``build_support/llama_source.py``'s pin; ``"unknown"`` for a
+    module built before it carried one (rebuild to see it)."""
+    commit = getattr(lib, "mtp_llama_cpp_commit", None)
+    return ffi.string(commit()).decode("ascii", errors="replace") if commit is not None else "unknown"
+
+
 def _shutdown() -> None:
     # Native threads may still log while the interpreter is going away: point them at a C sink.
     lib.llama_log_set(ffi.addressof(lib, "mtp_log_silent"), ffi.NULL)
 
 
-__all__ = ["ffi", "lib", "ensure_initialised", "cpu_variant", "set_verbose", "pop_recent_errors", "clear_errors",
-           "raise_native", "logger", "NATIVE_VERSION"]
+__all__ = ["ffi", "lib", "ensure_initialised", "cpu_variant", "llama_cpp_commit", "set_verbose", "pop_recent_errors",
+           "clear_errors", "raise_native", "logger", "NATIVE_VERSION"]

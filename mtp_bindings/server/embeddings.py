@@ -26,7 +26,7 @@ from ..config.params import EMBD_NORMALIZE, EMBED_POOLING
 from .auth import BearerKey
 from .errors import APIError
 from .handlers import Server
-from .schemas import _STRICT
+from .strict import STRICT
 
 NOT_ENABLED = "This server does not support embeddings. Start it with `--embeddings`"  # llama-server's words
 NOT_OAI = "Pooling type 'none' is not OAI compatible. Please use a different pooling type"
@@ -38,7 +38,7 @@ class EmbeddingRequest(BaseModel):
     (:func:`~mtp_bindings.embeddings.as_token_lists`, :func:`~mtp_bindings.embeddings.check_norm`), so
     that the error names them."""
 
-    model_config = _STRICT
+    model_config = STRICT
     input: Any = None  # noqa: A003 (OpenAI's name)
     content: Any = None
     model: str | None = None

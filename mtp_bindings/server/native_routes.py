@@ -18,7 +18,7 @@ from ..chat.template import GEMMA_TEMPLATE
 from ..config.params import SAMPLER_ORDER, SAMPLING_DEFAULTS
 from ..config.presets import resolve_preset
 from .params import DraftDefaults
-from .schemas import _STRICT
+from .strict import STRICT
 
 BUILD_INFO = f"mtp-bindings-{__version__}"
 
@@ -26,7 +26,7 @@ BUILD_INFO = f"mtp-bindings-{__version__}"
 class TokenizeRequest(BaseModel):
     """``/tokenize``'s body (llama-server's fields and defaults)."""
 
-    model_config = _STRICT
+    model_config = STRICT
     content: str
     add_special: bool = False
     parse_special: bool = True
@@ -36,7 +36,7 @@ class TokenizeRequest(BaseModel):
 class DetokenizeRequest(BaseModel):
     """``/detokenize``'s body."""
 
-    model_config = _STRICT
+    model_config = STRICT
     tokens: list[int] = Field(default_factory=list)
 
 

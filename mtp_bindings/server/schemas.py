@@ -9,7 +9,8 @@ Bounds have one source: a field that is a library parameter takes its range from
 :mod:`mtp_bindings.config.params` (:func:`library_range`), narrowed only where OpenAI documents a
 narrower one (temperature 0..2, penalties -2..2). The request-only rules are here: ``-1`` for
 llama.cpp's "random seed" and "the whole context" (``seed``, ``repeat_last_n``), ``logit_bias``
-in OpenAI's -100..100, at most 16 stop strings, one choice.
+in OpenAI's -100..100, at most 16 stop strings, one choice. A chat's messages and tools are
+:mod:`.chat_schemas`'; the strictness every model shares, :mod:`.strict`.
 """
 
 from __future__ import annotations
@@ -20,16 +21,17 @@ from collections.abc import Iterable
 from dataclasses import fields
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from ..exceptions import InvalidParameterError
 from ..config.params import LOGPROBS_MAX, DraftParams, SamplingParams
 from ..generation.constraint import Grammar
+from .chat_schemas import ChatMessage, FunctionCall, FunctionDef, TextPart, ToolCallIn, ToolDef
 from .errors import APIError
+from .strict import STRICT
 from .structured import JSONSchemaFormat, ResponseFormat, request_grammar
 from .unsupported import refuse_unsupported
 
-_STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 OPENAI_TEMPERATURE_MAX = 2.0  # OpenAI's documented ranges, narrower than the library's
 OPENAI_PENALTY_RANGE = (-2.0, 2.0)
 
@@ -69,14 +71,14 @@ def _draft_n_max(**kwargs: Any) -> Any:
 
 
 class StreamOptions(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
     include_usage: bool | None = None
 
 
 class SpeculativeOptions(BaseModel):
     """llama-server's ``speculative`` object; only ``n_max`` is used (``n_min``/``p_min`` ignored)."""
 
-    model_config = _STRICT
+    model_config = STRICT
     n_max: int | None = _draft_n_max()
 
 
@@ -86,7 +88,7 @@ class GenerationRequest(BaseModel):
     Strict types (``"0.5"`` is not a number, ``true`` is not an int) so that a client bug is a
     400 rather than a silently different generation; ``null`` means "the default"."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     model: str | None = None
     # llama-server's bounds for all three (its n_predict and the two aliases): -1 is the server's limit,
@@ -201,82 +203,6 @@ class GenerationRequest(BaseModel):
         """The grammar the output must follow (``response_format``, ``grammar`` or
         ``json_schema``), or None; a 400 naming the field when it does not compile."""
         return request_grammar(self.response_format, self.grammar, self.json_schema)
-
-
-class TextPart(BaseModel):
-    model_config = _STRICT
-    type: Literal["text"]
-    text: str
-
-
-class FunctionCall(BaseModel):
-    model_config = _STRICT
-    name: str = Field(min_length=1)
-    arguments: str | dict[str, Any] = "{}"
-
-
-class ToolCallIn(BaseModel):
-    """An assistant message's earlier tool call, as OpenAI sends it back."""
-
-    model_config = _STRICT
-    id: str | None = None
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-    def as_template_call(self) -> dict[str, Any]:
-        """The call with its arguments as an object when they are JSON object text (templates,
-        HF's and Gemma 4's, write arguments from an object)."""
-        args: Any = self.function.arguments
-        if isinstance(args, str):
-            try:
-                parsed = json.loads(args)
-            except ValueError:
-                parsed = None
-            args = parsed if isinstance(parsed, dict) else args
-        return {"id": self.id, "type": "function", "function": {"name": self.function.name, "arguments": args}}
-
-
-class FunctionDef(BaseModel):
-    model_config = _STRICT
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class ToolDef(BaseModel):
-    """One entry of ``tools``: a function the model may call."""
-
-    model_config = _STRICT
-    type: Literal["function"]
-    function: FunctionDef
-
-
-class ChatMessage(BaseModel):
-    model_config = _STRICT
-    role: str = Field(min_length=1)
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCallIn] | None = None
-    tool_call_id: str | None = None
-    reasoning_content: str | None = None
-
-    def as_template_message(self) -> dict[str, Any]:
-        """The message for the chat template: ``{"role", "content"}`` (text parts joined; OpenAI's
-        newer ``developer`` role is the template's ``system``), with ``tool_calls``,
-        ``tool_call_id``, ``name`` and ``reasoning_content`` when given. An assistant message with
-        only tool calls keeps ``content`` None."""
-        content = self.content if isinstance(self.content, str) or self.content is None else \
-            "".join(p.text for p in self.content)
-        if content is None and not self.tool_calls:
-            content = ""
-        msg: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content}
-        if self.tool_calls:
-            msg["tool_calls"] = [c.as_template_call() for c in self.tool_calls]
-        for key in ("tool_call_id", "name", "reasoning_content"):
-            if getattr(self, key) is not None:
-                msg[key] = getattr(self, key)
-        return msg
 
 
 class ChatCompletionRequest(GenerationRequest):
