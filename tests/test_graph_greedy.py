@@ -70,6 +70,17 @@ def test_sampled_picks_are_the_argmax_of_the_rows(pair: Any) -> None:
         assert ctx.sampled_tokens(len(toks)) == want
 
 
+def test_the_pick_after_a_prompt_is_the_argmax_of_its_last_row(pair: Any) -> None:
+    toks = pair.tokenize(PROMPT)
+    with pair.create_context(n_ctx=256) as ctx:
+        ctx.decode(toks)
+        want = int(np.argmax(ctx.logits_view(-1)))
+        ctx.seq_rm(0, 0, -1)
+        ctx.set_graph_greedy(0, True)
+        ctx.decode(toks, sampled=True)  # one output row, at the batch's last token
+        assert ctx.sampled_tokens(1) == [want]
+
+
 def test_a_sampled_decode_hands_out_no_logits(pair: Any) -> None:
     with pair.create_context(n_ctx=256) as ctx:
         ctx.set_graph_greedy(0, True)

@@ -291,3 +291,59 @@ def test_a_closed_chain_is_freed_once_and_refuses_use(model: Any) -> None:
     chain.close()
     with pytest.raises(ValueError, match="closed"):
         chain.apply(np.zeros(model.n_vocab, dtype=np.float32))
+
+
+BIG_V = 262144  # Gemma 4's vocabulary: there the chain starts from a few candidates holding the top k
+BIG_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "top_k_top_p": {"temperature": 1.0, "top_k": 5, "top_p": 0.7, "min_p": 0.0},
+    "typical_p": {"temperature": 1.0, "top_k": 50, "typical_p": 0.6, "top_p": 1.0, "min_p": 0.0},
+    "xtc": {"temperature": 1.0, "top_k": 40, "xtc_probability": 0.5, "xtc_threshold": 0.05, "seed": 3},
+    "min_p": {"temperature": 1.5, "top_k": 64, "top_p": 1.0, "min_p": 0.1},
+    "bans": {"temperature": 1.0, "top_k": 40, "logit_bias": {1: float("-inf"), 2: float("-inf")}},
+    "bans_of_the_best": {"temperature": 1.0, "top_k": 40, "logit_bias": {7: float("-inf"), 11: float("-inf")}},
+}
+
+
+def big_row(seed: int, floor_ties: bool) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    row = (rng.normal(size=BIG_V) * 2.0).astype(np.float32)
+    row[rng.permutation(BIG_V)[:30]] = np.linspace(9.0, 6.0, 30)
+    row[7] = row[11] = 12.0  # the best tokens, banned in "bans_of_the_best"
+    if floor_ties:  # the scaled pair's padding tokens: a third of the vocabulary at one floor value
+        row[BIG_V // 3: 2 * BIG_V // 3] = -30.0
+    return row
+
+
+@pytest.mark.parametrize("floor_ties", [False, True])
+@pytest.mark.parametrize("name", list(BIG_SETS))
+def test_the_chain_from_the_top_k_candidates_keeps_what_it_keeps_from_the_whole_row(
+        monkeypatch: pytest.MonkeyPatch, name: str, floor_ties: bool) -> None:
+    from mtp_bindings.generation import chain as chain_module
+
+    started_from: list[int] = []
+    superset = chain_module.top_k_superset
+    monkeypatch.setattr(chain_module, "top_k_superset",
+                        lambda row, k: started_from.append(k) or superset(row, k))
+    p = SamplingParams(**BIG_SETS[name]).resolved(N_CTX)
+    whole = {**(p.logit_bias or {}), 0: 0.0}  # a bias of 0 changes no logit, but makes the chain read every token
+    kept = []
+    for q in (p, SamplingParams(**{**BIG_SETS[name], "logit_bias": whole}).resolved(N_CTX)):
+        with SamplerChain(q, BIG_V) as chain:
+            ids, logits = chain.apply(big_row(5, floor_ties))
+        order = np.argsort(ids)
+        kept.append((ids[order], logits[order]))
+    assert len(started_from) == 1  # only the first chain started from candidates
+    assert np.array_equal(kept[0][0], kept[1][0]) and np.array_equal(kept[0][1], kept[1][1])
+
+
+def test_the_top_k_superset_holds_the_top_k_and_few_others() -> None:
+    from mtp_bindings.generation.sampling import top_k_superset
+
+    for seed in range(5):
+        row = big_row(seed, floor_ties=seed % 2 == 1)
+        for k in (1, 5, 40, 100):
+            ids = top_k_superset(row, k)
+            assert ids is not None and np.all(np.diff(ids) > 0)
+            assert set(np.argsort(-row, kind="stable")[:k].tolist()) <= set(ids.tolist())
+            assert ids.size <= 64 * k  # a few blocks' worth, not the vocabulary

@@ -102,16 +102,17 @@ class ContextOutputs(NativeHandle):
         return frozenset(self._graph_greedy)
 
     def sampled_tokens(self, n: int) -> list[int]:
-        """The greedy picks of output rows ``0..n-1`` of the last decode, made with ``sampled=True``."""
+        """The greedy picks of the last ``n`` output rows of the last decode (made with ``sampled=True``), in
+        the batch's order. (From the end: llama.cpp indexes a non-negative row by its token in the batch.)"""
         with self._lock:
             if not self._sampled:
                 raise ContextError("the last decode was not made with sampled=True: it picked no tokens")
             if not 0 < n <= self.n_outputs:
                 raise InvalidParameterError(f"{n} picks asked, the last decode had {self.n_outputs} outputs")
             get = lib.llama_get_sampled_token_ith
-            picks = [int(get(self.ptr, i)) for i in range(n)]
+            picks = [int(get(self.ptr, i)) for i in range(-n, 0)]
             if min(picks) < 0:
-                raise DecodeError(f"the graph picked no token for some of outputs 0..{n - 1}: {picks}")
+                raise DecodeError(f"the graph picked no token for some of the last {n} outputs: {picks}")
             return picks
 
     def _prepare_outputs(self, seq_id: int, n_out: int, sampled: bool) -> None:

@@ -30,7 +30,7 @@ import numpy as np
 from ..native._native import ffi, lib
 from ..exceptions import InvalidParameterError
 from ..config.params import SamplingParams
-from .sampling import Sampler
+from .sampling import Sampler, top_k_superset
 
 logger = logging.getLogger(__name__)
 
@@ -74,15 +74,21 @@ class SamplerChain:
         self.window = max(params.repeat_last_n if params.has_penalties else 0,
                           params.dry_penalty_last_n if params.has_dry else 0)
         # whether the chain can pick another token than the raw row's argmax at temperature 0
-        self.changes_argmax = self._bias or self.stateful or params.has_xtc or params.typical_p < 1.0
+        self.changes_argmax = bool(self._bias) or self.stateful or params.has_xtc or params.typical_p < 1.0
+        # top-k sees the raw row when nothing before it changes logits (bans aside): the chain can then start
+        # from a few candidates that hold the top k instead of the whole vocabulary (see apply)
+        bans_only = all(b == float("-inf") for b in self._bias.values())
+        self._top_k_first = (params.top_k > 0 and bans_only and not self.stateful
+                             and not params.has_dry and params.top_n_sigma <= 0)
+        self._banned = np.array(sorted(self._bias), dtype=np.int32)
         self._buf = np.zeros(self.n_vocab, dtype=TOKEN_DATA)
         self._ids = np.arange(self.n_vocab, dtype=np.int32)
         self._data = ffi.from_buffer("llama_token_data[]", self._buf)  # keeps the buffer's view alive
         self._addr = int(ffi.cast("uintptr_t", self._data))
         self._arr = ffi.new("llama_token_data_array *")
 
-    def _add_samplers(self, p: SamplingParams, vocab: Any) -> bool:
-        """Add llama-server's samplers in its order; whether a logit-bias sampler leads them."""
+    def _add_samplers(self, p: SamplingParams, vocab: Any) -> dict[int, float]:
+        """Add llama-server's samplers in its order; the biases of the logit-bias sampler leading them."""
         add = lib.llama_sampler_chain_add
         bias = dict(p.logit_bias or {})
         if vocab is not None:
@@ -105,7 +111,7 @@ class SamplerChain:
                                                     native_seed(p.seed)))
         if not p.greedy:
             add(self._chain, lib.llama_sampler_init_temp_ext(p.temperature, 0.0, 1.0))
-        return bool(bias)
+        return bias
 
     @staticmethod
     def _dry(p: SamplingParams, vocab: Any) -> Any:
@@ -178,11 +184,20 @@ class SamplerChain:
         if row.shape != (self.n_vocab,):
             raise InvalidParameterError(f"a logits row of {self.n_vocab} values was expected, got shape {row.shape}")
         buf = self._buf
-        buf["id"] = self._ids  # the samplers sort in place: every row starts from the vocabulary's order
-        buf["logit"] = row
+        ids = top_k_superset(row, self.params.top_k) if self._top_k_first else None
+        if ids is not None and self._banned.size and np.isin(ids, self._banned).any():
+            ids = None  # a banned token among them: fewer than k of the rest may be there
+        if ids is None:
+            size = self.n_vocab
+            buf["id"] = self._ids  # the samplers sort in place: every row starts from the vocabulary's order
+            buf["logit"] = row
+        else:  # the same tokens survive top-k as from the whole row, in the vocabulary's order too
+            size = ids.size
+            buf["id"][:size] = ids
+            buf["logit"][:size] = row[ids]
         arr = self._arr
         arr.data = self._data
-        arr.size = self.n_vocab
+        arr.size = size
         arr.selected = -1
         arr.sorted = False
         lib.llama_sampler_apply(self.ptr, arr)
