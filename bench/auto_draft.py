@@ -178,11 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["meta"] = {"cpu": ds._cpu_name(), "isa": _isa(), "date": time.strftime("%Y-%m-%d %H:%M"), "variants": variants,
                       "load_average": os.getloadavg(),
                       "repeats": ", ".join(f"{pr} {args.repeats or PAIR_REPEATS[pr]}" for pr in args.pairs)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    md = markdown(result)
-    args.out.with_suffix(".md").write_text(md + "\n")
-    print(md)
+    ds.write_results(args.out, result, markdown(result))
     return 0
 
 

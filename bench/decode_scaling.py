@@ -64,6 +64,14 @@ TYPES = ("f16", "q8_0", "q4_K", "q4_K_M")  # q4_K_M: Q6_K LM head and part of ff
 SEED = TARGET_SEED
 
 
+def write_results(out: Path, result: dict[str, Any], md: str) -> None:
+    """A bench's results: ``out`` (JSON) and the markdown table beside it (``.md``), printed too."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    out.with_suffix(".md").write_text(md + "\n")
+    print(md)
+
+
 def log(msg: str) -> None:
     print(f"[decode_scaling] {msg}", file=sys.stderr, flush=True)
 

@@ -25,7 +25,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -49,12 +48,19 @@ DRAFTS = (0, 3)
 
 
 def measure(model: Any, sampling: dict[str, Any], graph: str, k: int, tokens: int) -> dict[str, float]:
+    before = os.environ.get(ENV_GRAPH_GREEDY)
     os.environ[ENV_GRAPH_GREEDY] = graph
-    with model.create_context(n_ctx=1024, embeddings=True) as ctx:
-        model.generate("def main():\n", context=ctx, max_tokens=8, draft_n_max=k, **sampling)  # warm-up
-        t0 = time.perf_counter()
-        r = model.generate(PROMPT, context=ctx, max_tokens=tokens, draft_n_max=k, ignore_eos=True, **sampling)
-        wall = time.perf_counter() - t0
+    try:
+        with model.create_context(n_ctx=1024, embeddings=True) as ctx:
+            model.generate("def main():\n", context=ctx, max_tokens=8, draft_n_max=k, **sampling)  # warm-up
+            t0 = time.perf_counter()
+            r = model.generate(PROMPT, context=ctx, max_tokens=tokens, draft_n_max=k, ignore_eos=True, **sampling)
+            wall = time.perf_counter() - t0
+    finally:
+        if before is None:
+            os.environ.pop(ENV_GRAPH_GREEDY)
+        else:
+            os.environ[ENV_GRAPH_GREEDY] = before
     s = r.stats
     other = wall - s.t_prompt - s.t_verify - s.t_draft - s.t_sample
     return {"sample_us": s.t_sample / s.n_rounds * 1e6, "other_us": other / s.n_rounds * 1e6,
@@ -101,11 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     result = {"cpu": ds._cpu_name(), "isa": auto_draft._isa(), "date": time.strftime("%Y-%m-%d %H:%M"),
               "tokens": a.tokens, "repeats": a.repeats, "pairs": run(a.pairs, a.tokens, a.repeats)}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1) + "\n")
-    md = markdown(result)
-    a.out.with_suffix(".md").write_text(md + "\n")
-    print(md)
+    ds.write_results(a.out, result, markdown(result))
     return 0
 
 

@@ -135,12 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "variants": variants, "date": time.strftime("%Y-%m-%d %H:%M"), "load_average": os.getloadavg()},
         "types": summarize(decode, models, gb_s),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    md = markdown(result)
-    args.out.with_suffix(".md").write_text(md + "\n")
     plot(result, args.out.with_suffix(".png"))
-    print(md)
+    ds.write_results(args.out, result, markdown(result))
     return 0
 
 

@@ -143,3 +143,22 @@ def test_a_parting_from_ours_plain_is_judged_on_the_row_ours_plain_chose_from(tr
     (check,) = identity_check(runner.samples)
     assert not check["identical"] and check["agrees"] == verdict["near_tie"]
     assert check["mismatches"][0]["parting"] == verdict
+
+
+def test_the_host_work_bench_reports_every_setting_and_leaves_the_environment_as_it_was(tmp_path, monkeypatch) -> None:
+    import importlib.util
+    import os
+
+    from mtp_bindings.config.env import ENV_GRAPH_GREEDY
+
+    monkeypatch.delenv(ENV_GRAPH_GREEDY, raising=False)
+    spec = importlib.util.spec_from_file_location("host_work", Path(__file__).parent.parent / "bench" / "host_work.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "hw.json"
+    assert bench.main(["--pairs", "tiny", "--tokens", "24", "--repeats", "1", "--out", str(out)]) == 0
+    cells = json.loads(out.read_text())["pairs"]["tiny"]
+    assert list(cells) == [f"{name} | {k}" for name, *_ in bench.SETTINGS for k in bench.DRAFTS]
+    assert all(c["rounds"] > 0 and c["sample_us"] > 0 and c["tokens_per_s"] > 0 for c in cells.values()), cells
+    assert (tmp_path / "hw.md").read_text().count("\n| ") == 1 + len(cells)
+    assert ENV_GRAPH_GREEDY not in os.environ
