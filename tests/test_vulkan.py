@@ -108,6 +108,21 @@ def _drafts(model: Any, ctx: Any, prompt: list[int], n_steps: int) -> tuple[np.n
     return np.asarray(drafts), h, tok
 
 
+def test_greedy_picks_are_taken_on_the_host_when_the_logits_are_on_the_device(pair: dict[str, Any]) -> None:
+    """llama.cpp's backend sampling (the graph's argmax) is used only where the logits are on the CPU: on lavapipe a
+    context that had it, turned it off (a decode asking for rows) and decoded on corrupted the heap (glibc's
+    "corrupted double-linked list"). This is that sequence: a greedy generation, then rows read by teacher
+    forcing, then more decodes."""
+    model, ctx = pair["dev"], pair["dctx"]
+    plain = model.generate(PROMPTS[2], max_tokens=N_TOKENS, draft_n_max=0, context=ctx, temperature=0)
+    assert not ctx.graph_greedy_seqs
+    rows = forced_rows(ctx, model.tokenize(PROMPTS[2]), plain.tokens)
+    assert [int(np.argmax(r)) for r in rows] == plain.tokens
+    again = model.generate(PROMPTS[2], max_tokens=N_TOKENS, draft_n_max=3, context=ctx, temperature=0)
+    assert_agree(plain.tokens, again.tokens, lambda i: rows[i], TOL["device_batch_vs_single"],
+                 (pair["name"], "MTP after teacher forcing on the device"))
+
+
 def test_the_device_drafts_what_the_cpu_drafts(pair: dict[str, Any]) -> None:
     """The same inputs give the same drafts on the device as on the CPU: the device's target rows are the
     CPU's within float noise (its first draft's input), and the drafting graph ran there."""

@@ -30,6 +30,7 @@ class ContextOutputs(NativeHandle):
     _embeddings_on: bool
     n_outputs: int
     _check_seq: Callable[[int], None]
+    model: Any  # the context's model: whether it offloads decides where greedy picks are taken
     _graph_greedy: dict[int, Any]  # seq_id -> its native greedy chain, attached to the context
     _sampled: bool  # whether the last decode picked its tokens in the graph (and kept no logits rows)
 
@@ -79,11 +80,14 @@ class ContextOutputs(NativeHandle):
         they read a token id per row instead of a row of ``n_vocab`` logits. Any other decode with
         outputs for the sequence turns it off first. Switching costs a graph reservation at the next
         decode, so it stays on between generations. Returns whether it is on (a backend that cannot
-        run the argmax says no)."""
+        run the argmax says no). Only where the logits are on the CPU: on a Vulkan device (lavapipe) a context
+        that turned it off and decoded on corrupted the heap, so a model that offloads says no."""
         with self._lock:
             self._check_seq(seq_id)
             if bool(on) == (seq_id in self._graph_greedy):
                 return bool(on)
+            if on and getattr(self.model, "offloads", False):
+                return False
             if not on:
                 lib.llama_set_sampler(self.ptr, seq_id, ffi.NULL)
                 lib.llama_sampler_free(self._graph_greedy.pop(seq_id))

@@ -32,7 +32,7 @@ logger = logging.getLogger("mtp_bindings")
 NO_DEVICE = "none"
 
 
-def _offload_devices() -> list[tuple[str, Any]]:
+def offload_devices() -> list[tuple[str, Any]]:
     """``(name, ggml_backend_dev_t)`` of each device a model can be offloaded to (not the CPU)."""
     _native.ensure_initialised()
     out = []
@@ -58,7 +58,7 @@ def list_devices() -> list[DeviceInfo]:
     A CPU-only build lists none; RPC servers' devices appear once added (:func:`add_rpc_servers`), without
     their memory: ggml asks the server for it and aborts the process when the server has gone."""
     out = []
-    for name, dev in _offload_devices():
+    for name, dev in offload_devices():
         free: int | None = None
         total: int | None = None
         if not _is_rpc(dev):
@@ -100,7 +100,7 @@ def device_array(devices: str | Sequence[str]) -> Any:
     """The NULL-terminated ``ggml_backend_dev_t[]`` for ``devices`` (keep it alive while the
     params are used); an unknown name is an :class:`InvalidParameterError` listing the known ones."""
     names = parse_device_list(devices)
-    found = _offload_devices()
+    found = offload_devices()
     by_name = {name.lower(): dev for name, dev in found}
     for name in names:
         if name.lower() not in by_name:
@@ -269,7 +269,7 @@ def _local_default_devices() -> list[Any]:
     this list is used only once RPC servers are registered)."""
     gpus: list[Any] = []
     igpus: list[Any] = []
-    for _, dev in _offload_devices():
+    for _, dev in offload_devices():
         kind = lib.ggml_backend_dev_type(dev)
         reg = lib.ggml_backend_dev_backend_reg(dev)
         if kind == lib.GGML_BACKEND_DEVICE_TYPE_GPU and not _is_rpc(dev):
@@ -292,5 +292,5 @@ def placement_array(devices: str | Sequence[str] | None, rpc_devices: Sequence[s
         any_rpc = bool(_rpc_endpoints)
     if not any_rpc:
         return None
-    by_name = dict(_offload_devices())
+    by_name = dict(offload_devices())
     return _null_terminated([by_name[name] for name in rpc_devices] + _local_default_devices())
