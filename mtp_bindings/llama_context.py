@@ -43,8 +43,8 @@ from .exceptions import ContextError, ContextOverflowError, DecodeError, Invalid
 from .config.params import (DRAFT_N_MAX, FLASH_ATTN, KV_TYPES, POOLING_TYPES, THREADS_MAX, ContextParams,
                             valid_thread_count)
 from .turns import GenerationTurn
-from .config.threads import (ADAPT_INTERVAL_S, ADAPT_SAMPLES, check_threads, default_threads, runnable_threads,
-                             threads_for_load, usable_cpus)
+from .config.threads import (ADAPT_INTERVAL_S, ADAPT_SAMPLES, FewRowThreads, check_threads, default_threads,
+                             runnable_threads, threads_for_load, usable_cpus)
 
 LogitsSelect = Literal["last", "all", "none"] | Sequence[bool]
 T = TypeVar("T")
@@ -150,6 +150,9 @@ class LlamaContext(ContextOutputs):
         # woken for a moment (a reader of our streamed output, a server's event loop) is not taken for load
         self._others_seen: deque[int] = deque(maxlen=ADAPT_SAMPLES)
         self._cpus = (usable_cpus(), os.cpu_count() or 1)  # (usable by this process, the machine's)
+        # a default-threaded CPU context times short decodes on one thread too (config.threads.FewRowThreads)
+        self._few_rows = FewRowThreads() if self._adapt_threads and not getattr(model, "offloads", False) else None
+        self._threads_set = self._threads_now  # what llama_set_n_threads was last given
         self.n_outputs = 0
         self._graph_greedy: dict[int, Any] = {}  # seq_id -> its native greedy chain, attached to the context
         self._sampled = False  # whether the last decode picked its tokens in the graph (no logits rows)
@@ -229,13 +232,19 @@ class LlamaContext(ContextOutputs):
         check_threads(max(n_threads, n_threads_batch or 0))
         with self._lock:
             lib.llama_set_n_threads(self.ptr, n_threads, n_threads_batch or n_threads)
-            self._threads_budget = self._threads_now = n_threads
+            self._threads_budget = self._threads_now = self._threads_set = n_threads
             self._adapt_threads = False  # an explicit count is used as given
+            self._few_rows = None
 
     @property
     def n_threads(self) -> int:
         """Threads the next decode computes with."""
         return self._threads_now
+
+    @property
+    def decode_threads(self) -> int:
+        """Threads the last decode computed with: :attr:`n_threads`, or 1 where short decodes were faster so."""
+        return self._threads_set
 
     def adapt_threads(self) -> int:
         """For a context created without ``n_threads``: compute with the part of the thread budget
@@ -253,12 +262,8 @@ class LlamaContext(ContextOutputs):
         if running is None:
             return self._threads_now
         self._others_seen.append(running - 1)
-        n = threads_for_load(self._threads_budget, min(self._others_seen), *self._cpus)
-        if n != self._threads_now:
-            with self._lock:
-                lib.llama_set_n_threads(self.ptr, n, n)
-                self._threads_now = n
-        return n
+        self._threads_now = threads_for_load(self._threads_budget, min(self._others_seen), *self._cpus)
+        return self._threads_now  # applied by the next decode
 
     # --- decoding -------------------------------------------------------------------------------
 
@@ -316,12 +321,18 @@ class LlamaContext(ContextOutputs):
             self._b_seq[i][0] = seq_id
         self._b_seq_rows = max(self._b_seq_rows, m)
         self._batch.n_tokens = m
-        if self.observer is None:
-            rc = lib.llama_decode(self.ptr, self._batch)
-        else:
-            t0 = time.perf_counter()
-            rc = lib.llama_decode(self.ptr, self._batch)
-            self.observer("llama_decode", time.perf_counter() - t0)
+        few, budget = self._few_rows, self._threads_now
+        n_threads = few.threads(m, budget) if few is not None else budget
+        if n_threads != self._threads_set:
+            lib.llama_set_n_threads(self.ptr, n_threads, n_threads)
+            self._threads_set = n_threads
+        t0 = time.perf_counter()
+        rc = lib.llama_decode(self.ptr, self._batch)
+        dt = time.perf_counter() - t0
+        if few is not None and rc == 0:
+            few.record(m, n_threads, budget, dt)
+        if self.observer is not None:
+            self.observer("llama_decode", dt)
         if rc != 0:
             if rc == 1:
                 _native.raise_native(ContextOverflowError, f"no KV cache slot for {m} tokens (context full)", rc)

@@ -23,7 +23,7 @@ from fixture_paths import BUNDLED, fixture_path
 TIERS: dict[str, tuple[str, ...]] = {
     "pure": ("test_import_graph.py", "test_params.py", "test_patch_series.py", "test_sampling.py", "test_backends.py",
              "test_gemma4_chat.py", "test_draft_controller.py", "test_agreement.py", "test_gguf_header.py",
-             "test_overloads.py"),
+             "test_overloads.py", "test_few_row_threads.py"),
     "capi": ("test_c_api.py", "test_c_api_stateful.py", "test_struct_layout.py", "test_native_errors.py",
              "test_matmul_few_columns.py", "test_vector_tanh.py", "test_malformed_files.py", "test_shared_cpu.py",
              "test_threads.py", "test_cpu_variants.py"),

@@ -222,3 +222,18 @@ def test_a_default_context_gives_way_to_busy_cpus_and_an_explicit_one_does_not(t
         for p in busy:
             p.kill()
             p.wait()
+
+
+def test_short_decodes_run_on_the_thread_count_they_were_faster_on_and_an_explicit_count_is_kept(trained_paths):
+    from mtp_bindings import Model
+
+    with Model(trained_paths[0]) as model, model.create_context(n_ctx=256) as auto, \
+            model.create_context(n_ctx=256, n_threads=2) as explicit:
+        for ctx in (auto, explicit):
+            model.generate("def f(x):\n", context=ctx, max_tokens=2 * threads.THREAD_SAMPLES + 4, draft_n_max=0,
+                           temperature=0, ignore_eos=True)
+        if auto.n_threads > 1:  # a busy machine may have left the default context one thread to start with
+            one = auto._few_rows.one
+            assert one is not None, "both thread counts were timed on a model whose decode takes microseconds"
+            assert auto.decode_threads == (1 if one else auto.n_threads)
+        assert explicit.decode_threads == 2

@@ -21,7 +21,10 @@ generation ran 30-700x slower beside one other busy process. So:
 * a context left at the default (no ``n_threads`` given) computes with the part of that budget other
   work leaves free *now* (:func:`threads_for_load`, checked by the generation loop every
   ``ADAPT_INTERVAL_S``): threads that wait for each other at hundreds of barriers per token do best
-  when none of them has to queue for a CPU. An explicit ``n_threads`` is always used as given.
+  when none of them has to queue for a CPU. An explicit ``n_threads`` is always used as given;
+* such a context also times its short decodes (a token, a verify batch) on one thread, and keeps one
+  thread where that was faster (:class:`FewRowThreads`: a small model's decode is mostly its team's
+  synchronisation); drafting follows it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import contextlib
 import logging
 import math
 import os
+import statistics
 from pathlib import Path
 from typing import Iterator, MutableMapping
 
@@ -177,7 +181,69 @@ def openmp_defaults(environ: MutableMapping[str, str] = os.environ) -> Iterator[
             environ.pop(k, None)
 
 
+# Threads for decodes of a few rows (a token, a verify batch). A decode that takes a fraction of a millisecond is
+# mostly its team's synchronisation: a barrier after nearly every op, and a team woken from sleep at each graph
+# start (libgomp sleeps after OPENMP_SPIN_COUNT pauses, and the loop's host work between decodes is longer). On
+# the bundled pair (128 wide) a token took 235 us on one thread and 375 us on two (2-core Ice Lake-SP). So such
+# a decode is also timed on one thread and the faster kept; a longer one (a real model: E2B-sized 15-60 ms)
+# never pays a probe.
+FEW_ROWS_MAX = 16         # decodes of up to this many rows are timed
+OVERHEAD_BOUND_S = 2e-3   # a median decode shorter than this may run faster on one thread
+THREAD_SAMPLES = 5        # decodes timed per (rows, threads) before a choice
+THREAD_RECHECK = 2000     # decodes of one size after which its choice is measured again (the machine may change)
+
+
+class FewRowThreads:
+    """Whether a context's decodes of at most ``FEW_ROWS_MAX`` rows run on one thread or on the budget the load
+    leaves: one batch size timed both ways (the median of ``THREAD_SAMPLES`` decodes each; one thread only
+    when the budget's median is under ``OVERHEAD_BOUND_S``), the faster kept for every such decode, and
+    measured again every ``THREAD_RECHECK`` decodes. One choice per context, not per batch size: a context
+    that switched between one and two threads from one round to the next ran its fixed 3-draft rounds 20 %
+    slower than on either alone. Results do not depend on the thread count, so only the speed changes."""
+
+    __slots__ = ("_times", "one", "_since")
+
+    def __init__(self) -> None:
+        self._times: dict[tuple[int, bool], list[float]] = {}  # (rows, on one thread) -> seconds
+        self.one: bool | None = None  # decided: one thread is faster (None: still measuring)
+        self._since = 0  # decodes since that decision
+
+    def threads(self, rows: int, budget: int) -> int:
+        """Threads for the next decode of ``rows`` rows, given the load's ``budget``."""
+        if budget <= 1 or rows > FEW_ROWS_MAX:
+            return budget
+        one = self.one
+        if one is None:  # measuring this size: first on the budget, then on one thread
+            one = len(self._times.get((rows, False), ())) >= THREAD_SAMPLES
+        return 1 if one else budget
+
+    def record(self, rows: int, threads: int, budget: int, seconds: float) -> None:
+        """A decode of ``rows`` rows on ``threads`` threads (the budget ``budget``) took ``seconds``."""
+        if budget <= 1 or rows > FEW_ROWS_MAX:
+            return
+        if self.one is not None:
+            self._since += 1
+            if self._since >= THREAD_RECHECK:
+                self.one = None
+                self._times.clear()
+            return
+        one = threads == 1
+        times = self._times.setdefault((rows, one), [])
+        times.append(seconds)
+        if len(times) != THREAD_SAMPLES:
+            return
+        if not one and statistics.median(times) >= OVERHEAD_BOUND_S:
+            self._decide(False)
+        elif one:
+            self._decide(statistics.median(times) < statistics.median(self._times[(rows, False)]))
+
+    def _decide(self, one: bool) -> None:
+        self.one = one
+        self._since = 0
+
+
 __all__ = ["MAX_DEFAULT_THREADS", "OPENMP_SPIN_COUNT", "OPENMP_CHOICE_VARS", "ADAPT_INTERVAL_S", "ADAPT_SAMPLES",
            "cgroup_cpu_limit",
            "usable_cpus", "default_threads", "threads_per_slot", "check_threads", "runnable_threads",
-           "threads_for_load", "libgomp_loaded", "openmp_defaults"]
+           "threads_for_load", "libgomp_loaded", "openmp_defaults", "FEW_ROWS_MAX", "OVERHEAD_BOUND_S",
+           "THREAD_SAMPLES", "THREAD_RECHECK", "FewRowThreads"]
