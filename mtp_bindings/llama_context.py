@@ -63,6 +63,8 @@ class ModelLike(Protocol):
     def n_embd(self) -> int: ...
     def check_tokens(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray: ...
     def is_eog(self, token: int) -> bool: ...
+    @property
+    def offloads(self) -> bool: ...
 
 
 def native_context_params(params: ContextParams) -> Any:
@@ -151,7 +153,7 @@ class LlamaContext(ContextOutputs):
         self._others_seen: deque[int] = deque(maxlen=ADAPT_SAMPLES)
         self._cpus = (usable_cpus(), os.cpu_count() or 1)  # (usable by this process, the machine's)
         # a default-threaded CPU context times short decodes on one thread too (config.threads.FewRowThreads)
-        self._few_rows = FewRowThreads() if self._adapt_threads and not getattr(model, "offloads", False) else None
+        self._few_rows = FewRowThreads() if self._adapt_threads and not model.offloads else None
         self._threads_set = self._threads_now  # what llama_set_n_threads was last given
         self.n_outputs = 0
         self._graph_greedy: dict[int, Any] = {}  # seq_id -> its native greedy chain, attached to the context
@@ -238,7 +240,7 @@ class LlamaContext(ContextOutputs):
 
     @property
     def n_threads(self) -> int:
-        """Threads the next decode computes with."""
+        """The thread budget the load leaves (a short decode may take 1: :attr:`decode_threads`)."""
         return self._threads_now
 
     @property

@@ -27,7 +27,7 @@ from .native._model_file import (GGUF_MAGIC, ProgressCallback, _c_string, _tqdm_
 from .native._native import ffi, lib
 from .core.vocab import ModelVocabulary
 from .llama_context import LlamaContext
-from .native.devices import NO_DEVICE, add_rpc_servers, offload_devices, parse_rpc_servers, placement_array
+from .native.devices import add_rpc_servers, offload_devices, parse_device_list, parse_rpc_servers, placement_array
 from .exceptions import (
     ContextError,
     InvalidParameterError,
@@ -119,7 +119,8 @@ class LlamaModel(ModelVocabulary):
         self.n_gpu_layers = n_gpu_layers
         self.devices = devices
         # whether layers (and so the logits) may live on a device other than the CPU
-        self.offloads = n_gpu_layers != 0 and devices != NO_DEVICE and bool(offload_devices())
+        self.offloads = (n_gpu_layers != 0 and bool(offload_devices())
+                         and (devices is None or bool(parse_device_list(devices))))
         self.repack = bool(repack)
         # the RPC servers' devices join this model's device list (and its assistant's), only this one's
         self.rpc_servers: tuple[str, ...] = ()

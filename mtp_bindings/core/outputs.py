@@ -86,7 +86,7 @@ class ContextOutputs(NativeHandle):
             self._check_seq(seq_id)
             if bool(on) == (seq_id in self._graph_greedy):
                 return bool(on)
-            if on and getattr(self.model, "offloads", False):
+            if on and self.model.offloads:
                 return False
             if not on:
                 lib.llama_set_sampler(self.ptr, seq_id, ffi.NULL)

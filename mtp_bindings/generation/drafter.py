@@ -98,7 +98,7 @@ class MTPDrafter:
         # faster on one thread, so does drafting, a smaller graph (tiny pair: 1 draft 100 vs 178 us a token); a
         # worker on two threads beside a target on one waited 860.
         ctx = self.session.ctx
-        want = getattr(ctx, "draft_threads", None) or getattr(ctx, "decode_threads", ctx.n_threads)
+        want = getattr(ctx, "draft_threads", None) or ctx.decode_threads
         if self.worker_threads != want:
             set_worker_threads(ctx, want)
             self.worker_threads = want
