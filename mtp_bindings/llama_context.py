@@ -37,6 +37,7 @@ from typing import Any, Callable, Literal, Protocol, Sequence, TypeVar
 import numpy as np
 
 from .core.outputs import ContextOutputs
+from .core.batch import DecodeBatch
 from .native import _native
 from .native._native import ffi, lib
 from .exceptions import ContextError, ContextOverflowError, DecodeError, InvalidParameterError
@@ -62,6 +63,7 @@ class ModelLike(Protocol):
     @property
     def n_embd(self) -> int: ...
     def check_tokens(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray: ...
+    def few_tokens(self, tokens: Sequence[int] | np.ndarray) -> list[int] | None: ...
     def is_eog(self, token: int) -> bool: ...
     @property
     def offloads(self) -> bool: ...
@@ -133,17 +135,7 @@ class LlamaContext(ContextOutputs):
         self.n_batch = min(int(lib.llama_n_batch(ptr)), self.params.n_batch)
         self._n_vocab = model.n_vocab
         self._n_embd = int(lib.llama_model_n_embd_out(model.ptr)) if hasattr(lib, "llama_model_n_embd_out") else model.n_embd
-        self._batch = lib.llama_batch_init(self.n_batch, 0, 1)
-        b = self._batch
-        n = self.n_batch
-        # numpy views of the batch arrays: filling a batch is a few vectorised stores
-        self._b_token = np.frombuffer(ffi.buffer(b.token, n * 4), dtype=np.int32)
-        self._b_pos = np.frombuffer(ffi.buffer(b.pos, n * 4), dtype=np.int32)
-        self._b_nseq = np.frombuffer(ffi.buffer(b.n_seq_id, n * 4), dtype=np.int32)
-        self._b_logits = np.frombuffer(ffi.buffer(b.logits, n), dtype=np.int8)
-        self._b_seq = [b.seq_id[i] for i in range(n)]
-        self._b_nseq[:] = 1
-        self._b_seq_id, self._b_seq_rows = -1, 0  # rows of self._b_seq already holding _b_seq_id
+        self._batch = DecodeBatch(self.n_batch)
         self._embeddings_on = self.params.embeddings
         self._threads_budget = self._threads_now = int(lib.llama_n_threads(ptr))
         self._adapt_threads = self.params.adapts_threads
@@ -219,7 +211,7 @@ class LlamaContext(ContextOutputs):
         """Run the close callbacks, then free the batch and the context."""
         for callback in self._before_close:
             callback()
-        lib.llama_batch_free(self._batch)
+        self._batch.free()
         lib.llama_free(self._ptr)
         for chain in self._graph_greedy.values():  # ours, not the context's: freed after it
             lib.llama_sampler_free(chain)
@@ -280,8 +272,9 @@ class LlamaContext(ContextOutputs):
         Returns the number of output rows (index them 0..n-1 in :meth:`get_logits`)."""
         with self._lock:
             self._turn.check()
-            toks = self.model.check_tokens(tokens)
-            n = int(toks.size)
+            few = self.model.few_tokens(tokens)
+            toks: list[int] | np.ndarray = few if few is not None else self.model.check_tokens(tokens)
+            n = len(toks)
             if n == 0:
                 raise DecodeError("decode needs at least one token")
             self._check_seq(seq_id)
@@ -289,47 +282,39 @@ class LlamaContext(ContextOutputs):
                 pos = self.seq_pos_max(seq_id) + 1
             elif not isinstance(pos, (int, np.integer)) or pos < 0:
                 raise InvalidParameterError(f"pos must be a non-negative int, got {pos!r}")
+            pos = int(pos)
             if pos + n > self.n_ctx:
                 raise ContextOverflowError(
                     f"{n} tokens at position {pos} exceed the context window (n_ctx={self.n_ctx})")
+            out: str | np.ndarray
             if isinstance(logits, str):
                 if logits not in ("last", "all", "none"):
                     raise InvalidParameterError(f"logits must be 'last', 'all', 'none' or a bool list, got {logits!r}")
-                out = np.zeros(n, dtype=np.int8)
-                if logits == "all":
-                    out[:] = 1
-                elif logits == "last":
-                    out[-1] = 1
+                out, n_asked = logits, (n if logits == "all" else int(logits == "last"))
             else:
                 out = np.asarray(logits, dtype=bool).astype(np.int8)
                 if out.shape != (n,):
                     raise InvalidParameterError(f"logits mask has shape {out.shape}, expected ({n},)")
-            self._prepare_outputs(seq_id, n if self._embeddings_on else int(out.sum()), sampled)
+                n_asked = int(out.sum())
+            self._prepare_outputs(seq_id, n if self._embeddings_on else n_asked, sampled)
             n_out = 0
             for start in range(0, n, self.n_batch):
                 m = min(self.n_batch, n - start)
-                n_out = self._decode_chunk(toks[start:start + m], pos + start, seq_id, out[start:start + m])
+                end = start + m == n
+                chunk_out = out[start:start + m] if not isinstance(out, str) else out if end or out != "last" else "none"
+                n_out = self._decode_chunk(toks[start:start + m], pos + start, seq_id, chunk_out)
             return n_out
 
-    def _decode_chunk(self, toks: np.ndarray, pos: int, seq_id: int, out: np.ndarray) -> int:
-        m = int(toks.size)
-        self._b_token[:m] = toks
-        self._b_pos[:m] = np.arange(pos, pos + m, dtype=np.int32)
-        self._b_logits[:m] = out
-        # per-token sequence ids: written once per row and sequence, not on every decode
-        if seq_id != self._b_seq_id:
-            self._b_seq_id, self._b_seq_rows = seq_id, 0
-        for i in range(self._b_seq_rows, m):
-            self._b_seq[i][0] = seq_id
-        self._b_seq_rows = max(self._b_seq_rows, m)
-        self._batch.n_tokens = m
+    def _decode_chunk(self, toks: list[int] | np.ndarray, pos: int, seq_id: int, out: str | np.ndarray) -> int:
+        m = len(toks)
+        n_out = self._batch.fill(toks, pos, seq_id, out)
         few, budget = self._few_rows, self._threads_now
         n_threads = few.threads(m, budget) if few is not None else budget
         if n_threads != self._threads_set:
             lib.llama_set_n_threads(self.ptr, n_threads, n_threads)
             self._threads_set = n_threads
         t0 = time.perf_counter()
-        rc = lib.llama_decode(self.ptr, self._batch)
+        rc = lib.llama_decode(self.ptr, self._batch.ptr)
         dt = time.perf_counter() - t0
         if few is not None and rc == 0:
             few.record(m, n_threads, budget, dt)
@@ -339,8 +324,8 @@ class LlamaContext(ContextOutputs):
             if rc == 1:
                 _native.raise_native(ContextOverflowError, f"no KV cache slot for {m} tokens (context full)", rc)
             _native.raise_native(DecodeError, f"llama_decode failed with code {rc}", rc)
-        self.n_outputs = int(out.sum())
-        return self.n_outputs
+        self.n_outputs = n_out
+        return n_out
 
     def _check_seq(self, seq_id: int) -> None:
         if not isinstance(seq_id, (int, np.integer)) or not 0 <= seq_id < self.params.n_seq_max:

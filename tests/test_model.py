@@ -103,6 +103,19 @@ def test_seq_rm_then_redecode_reproduces_the_logits(dense_model):
         np.testing.assert_array_equal(ctx.get_logits(-1), before)  # 5 rows and 2: both batch-invariant
 
 
+@pytest.mark.parametrize("logits", ["all", "last", "none", [True, False, True]])
+def test_a_short_token_list_decodes_as_the_same_ids_in_an_array(dense_model, logits):
+    # a round's few ids are written without numpy (core/batch.py): same outputs, same rows
+    toks = [2, 10, 20]
+    with dense_model.create_context(n_ctx=64) as a, dense_model.create_context(n_ctx=64) as b:
+        n_list = a.decode(toks, logits=logits)
+        n_array = b.decode(np.array(toks, dtype=np.int64), logits=logits)
+        expected = 2 if isinstance(logits, list) else {"all": 3, "last": 1, "none": 0}[logits]
+        assert n_list == n_array == expected == a.n_outputs
+        for i in range(1, n_list + 1):  # from the end: a non-negative index names a token of the batch
+            np.testing.assert_array_equal(a.get_logits(-i), b.get_logits(-i))
+
+
 # A decode of 1..8 tokens rounds each row as a one-token decode does (the batch-invariant kernels):
 # those are compared exactly. Longer batches are outside them: TOL["prompt_batch"] (tests/numerics.py).
 # A positional or masking bug is O(1).

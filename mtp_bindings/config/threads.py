@@ -132,11 +132,17 @@ def check_threads(n_threads: int) -> None:
                    "threads that wait for each other on shared CPUs make generation much slower", n_threads, cpus)
 
 
+_LOADAVG_FD: dict[Path, int] = {}  # /proc/loadavg kept open: a read is then one pread (opening it each time cost ~100 us a round)
+
+
 def runnable_threads(loadavg: Path = Path("/proc/loadavg")) -> int | None:
     """Threads runnable on the machine right now, the caller included (``/proc/loadavg``'s
     ``running/total`` field), or None where the kernel does not say."""
     try:
-        return int(loadavg.read_text().split()[3].split("/")[0])
+        fd = _LOADAVG_FD.get(loadavg)
+        if fd is None:
+            fd = _LOADAVG_FD.setdefault(loadavg, os.open(loadavg, os.O_RDONLY | os.O_CLOEXEC))
+        return int(os.pread(fd, 128, 0).split()[3].split(b"/")[0])
     except (OSError, IndexError, ValueError):
         return None
 
