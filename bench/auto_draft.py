@@ -47,7 +47,7 @@ TEMPERATURES = {"0": {"temperature": 0.0}, "0.7": {"temperature": 0.7},
 FIXED = (1, 2, 3, 4)
 PAIR_TOKENS = {"e2b": 96, "tiny": 256}
 PAIR_PROMPTS = {"e2b": 2, "tiny": 3}
-PAIR_REPEATS = {"e2b": 1, "tiny": 5}
+PAIR_REPEATS = {"e2b": 2, "tiny": 5}
 
 
 def log(msg: str) -> None:

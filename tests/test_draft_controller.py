@@ -18,6 +18,7 @@ import pytest
 from mtp_bindings.generation.controller import (ACCEPT_PRIOR, PLAIN_SAMPLE, PROBE_MAX, Acceptance, AutoCount, CostModel, FixedCount, RoundCost,
                                                 make_draft_count)
 from mtp_bindings.config.presets import PRESETS
+from mtp_bindings.generation.costs import nondecreasing
 
 K_MAX = PRESETS["auto"].draft_n_max
 
@@ -322,3 +323,15 @@ def test_auto_is_the_default_preset_and_stays_inside_the_batch_invariant_rows():
 
     assert DEFAULT_PRESET == "auto" and resolve_preset(None).auto
     assert resolve_preset(None).draft_n_max + 1 <= 8
+
+
+def test_costs_by_size_are_fitted_nondecreasing():
+    """Medians from other phases of the machine said a decode of 5 rows cost less than one of 4: fitted, neither
+    is below the other, and the better-measured size moves least."""
+    assert nondecreasing({1: 0.040, 4: 0.100, 5: 0.090}, {1: 5, 4: 3, 5: 1}) == \
+        pytest.approx({1: 0.040, 4: 0.0975, 5: 0.0975})
+    costs = CostModel()
+    for _ in range(3):
+        costs.observe(RoundCost(3, 0.01, 0.100, 0.0))
+    costs.observe(RoundCost(4, 0.01, 0.090, 0.0))
+    assert costs.verify_cost(5) >= costs.verify_cost(4)

@@ -12,7 +12,8 @@ second, ``E(k) / T(k)``:
   host-bound pair that is most of it); for a ``k`` not yet seen, the nearest seen one's, moved by
   its parts ``V(k + 1) + D(k) + S (k + 1) + H``: the target's decode of ``k + 1`` rows, the wait
   for ``k`` drafts, sampling per row and the rest, each a running estimate too (:class:`.costs.CostModel`,
-  kept on the context across requests). Parts never measured come from the nearest measured ones.
+  kept on the context across requests). Parts never measured come from the nearest measured ones; costs by
+size are fitted nondecreasing (:func:`.costs.nondecreasing`).
 Each running cost is the median of its last ``COST_WINDOW`` measurements of the last ``COST_MAX_AGE``
 rounds (robust to this kind of VM's heavy-tailed rounds, and to its phases for a cost only probes measure).
 
