@@ -360,7 +360,7 @@ def test_freeing_a_context_with_a_request_in_flight_is_safe():
             hp = ffi.from_buffer("float[]", h)
             assert lib.llama_decode_mtp_async(ctx.ptr, 0, attn_pos, tok, hp, 8) == 0
             ptr, ctx._ptr = ctx._ptr, ffi.NULL
-            lib.llama_batch_free(ctx._batch)
+            ctx._batch.free()
             lib.llama_free(ptr)  # C drains the worker before tearing down
         # the model is intact
         assert len(m.generate("x = 1", max_tokens=8, draft_n_max=2, temperature=0).tokens) == 8
