@@ -51,14 +51,14 @@ def nondecreasing(values: dict[int, float], weights: dict[int, int]) -> dict[int
     violators, ``weights`` the measurements behind each): a decode of more rows, more drafts, a round with more
     of them never costs less, and on this kind of VM medians taken in different phases of the machine said so
     (verify(4) 101.6 ms, verify(5) 93.3 ms): a count looked cheaper than the one below it."""
-    blocks: list[list[float]] = []  # [mean, weight, number of sizes]
+    blocks: list[tuple[float, float, int]] = []  # (mean, weight, number of sizes)
     sizes = sorted(values)
     for size in sizes:
-        blocks.append([values[size], float(max(weights.get(size, 1), 1)), 1])
+        blocks.append((values[size], float(max(weights.get(size, 1), 1)), 1))
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
             m2, w2, n2 = blocks.pop()
             m1, w1, n1 = blocks[-1]
-            blocks[-1] = [(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2]
+            blocks[-1] = ((m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, n1 + n2)
     out: dict[int, float] = {}
     i = 0
     for mean, _, n in blocks:
