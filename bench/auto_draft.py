@@ -4,8 +4,8 @@
 For each pair (``e2b``: the demo's E2B-sized q4_K pair, built and cached by ``scale_pair``; ``tiny``: the
 bundled trained pair), temperature (0; 0.7 with the library's sampling defaults; 1.5 with top_k 0) and
 prompt, plain decoding (``draft_n_max=0``), every fixed count 1..4 and ``auto`` (the default: no drafting
-argument at all), interleaved per prompt, ``ignore_eos`` so every run is as long. A cell is the mean over the
-prompts of the median of ``--repeats`` interleaved rounds (default per pair: the tiny pair's runs last a
+argument at all), interleaved per prompt (in a new order each repeat), ``ignore_eos`` so every run is as
+long. A cell is the mean over the prompts of the median of ``--repeats`` interleaved rounds (default per pair: the tiny pair's runs last a
 fraction of a second, and one run each measured the machine's jitter more than the setting).
 Everything goes through ``Model.generate`` without a context argument, as a user's script calls it: the
 model's kept context, on which ``auto`` starts cold at the first prompt and learns across the rest.
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -47,7 +48,7 @@ TEMPERATURES = {"0": {"temperature": 0.0}, "0.7": {"temperature": 0.7},
 FIXED = (1, 2, 3, 4)
 PAIR_TOKENS = {"e2b": 96, "tiny": 256}
 PAIR_PROMPTS = {"e2b": 2, "tiny": 3}
-PAIR_REPEATS = {"e2b": 2, "tiny": 5}
+PAIR_REPEATS = {"e2b": 2, "tiny": 9}
 
 
 def log(msg: str) -> None:
@@ -83,8 +84,12 @@ def child(pairs: Sequence[str], tokens: int | None, repeats: int | None) -> dict
                 runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in settings()}
                 for pi, prompt in enumerate(prompts):
                     per_prompt: dict[str, list[Any]] = {label: [] for label, _ in settings()}
-                    for _ in range(repeats or PAIR_REPEATS[pair]):
-                        for label, draft in settings():
+                    for rep in range(repeats or PAIR_REPEATS[pair]):
+                        # a new order each repeat (seeded): on this kind of VM the runs of a prompt drift with the
+                        # machine's phases, and no setting should always run first, or after the same one
+                        order = settings()
+                        random.Random(rep).shuffle(order)
+                        for label, draft in order:
                             r = model.generate(prompt, max_tokens=n, ignore_eos=True, seed=1000 + pi,
                                                **sampling, **draft)
                             per_prompt[label].append(r.stats)

@@ -43,7 +43,7 @@ ACCEPT_DECAY = 0.97       # weight kept by past observations at each new one (a 
 ACCEPT_BONUS = 0.5        # standard errors added to each estimate when choosing (see Acceptance.optimistic)
 PROBE_MIN = 8             # rounds between probes of one more draft, at first ...
 PROBE_MAX = 32            # ... and at most, after probes that changed nothing,
-PROBE_BUDGET = 0.02       # ... unless a probe costs more than this share of the time between probes
+PROBE_BUDGET = 0.01       # ... unless a probe costs more than this share of the time between probes
 PLAIN_SAMPLE = 4          # while a choice of 0 stands, one plain round in this many is measured
 
 
@@ -212,16 +212,23 @@ class AutoCount:
         self.last = None
 
     def observe(self, cost: RoundCost, n_accepted: int) -> None:
+        if cost.k == 0 and not self.prev_k and not self.drafted and not self.plain_wanted:
+            # While plain decoding stands (checked first: it is most rounds where drafting cannot pay), measuring
+            # every round only refines T(0), and on a pair whose decode takes 0.3 ms the bookkeeping of five running
+            # costs was 2 % of a round; the windows' age clock still runs. A plain round teaches no acceptance.
+            self.plain_rounds += 1
+            if self.plain_rounds % PLAIN_SAMPLE:
+                self.last = None
+                self.costs.tick()
+                return
+            self.last = (self.start, cost)
+            self.costs.observe(cost)
+            return
         after_drafting = cost.k == 0 and bool(self.prev_k)
         self.prev_k = cost.k
         if after_drafting:
             # A plain round right after a drafting one shares the CPU with the drafting that winds down (on a
             # 2-core machine it measured 5-7 ms where plain rounds take 0.5): it does not stand for plain decoding.
-            self.last = None
-            self.costs.tick()
-        elif cost.k == 0 and not self.drafted and not self.plain_wanted and self._plain_unmeasured():
-            # While plain decoding stands, measuring every round only refines T(0), and on a pair whose decode takes
-            # 0.3 ms the bookkeeping of five running costs was 2 % of a round; the windows' age clock still runs.
             self.last = None
             self.costs.tick()
         else:
@@ -235,10 +242,6 @@ class AutoCount:
         for i in range(min(cost.k, n_accepted + 1)):
             self.tried[i] += 1
             self.accepted[i] += i < n_accepted
-
-    def _plain_unmeasured(self) -> bool:
-        self.plain_rounds += 1
-        return self.plain_rounds % PLAIN_SAMPLE != 0
 
     def finish(self) -> dict[str, Any]:
         self.costs.pool(self.tried, self.accepted, self.pool_key)
