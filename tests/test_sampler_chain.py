@@ -338,7 +338,7 @@ def test_the_chain_from_the_top_k_candidates_keeps_what_it_keeps_from_the_whole_
 
 
 def test_the_top_k_superset_holds_the_top_k_and_few_others() -> None:
-    from mtp_bindings.generation.sampling import top_k_superset
+    from mtp_bindings.generation.chain import top_k_superset
 
     for seed in range(5):
         row = big_row(seed, floor_ties=seed % 2 == 1)
@@ -347,3 +347,15 @@ def test_the_top_k_superset_holds_the_top_k_and_few_others() -> None:
             assert ids is not None and np.all(np.diff(ids) > 0)
             assert set(np.argsort(-row, kind="stable")[:k].tolist()) <= set(ids.tolist())
             assert ids.size <= 64 * k  # a few blocks' worth, not the vocabulary
+
+
+def test_the_top_k_superset_keeps_every_token_tied_with_the_kth() -> None:
+    from mtp_bindings.generation.chain import top_k_superset
+
+    row = np.full(BIG_V, -3.0, dtype=np.float32)
+    row[[7, 900, 5000]] = 2.0   # three above; the 5th highest is a tie among the rest, all of them kept
+    ids = top_k_superset(row, 5)
+    assert ids is not None and ids.size == BIG_V
+    row[np.arange(0, BIG_V, 97)] = 1.0  # now k of them are above the floor: the floor's ties stay out
+    ids = top_k_superset(row, 5)
+    assert ids is not None and set(ids.tolist()) == set(np.flatnonzero(row > -3.0).tolist())

@@ -21,7 +21,6 @@ import numpy as np
 from ..config.params import SamplingParams
 
 _SORT_MAX = 4096  # more candidates than this are put in id order by a scatter over the vocabulary, not a sort
-_BLOCK = 256  # tokens in a block of top_k_superset: 1024 blocks at Gemma 4's 262,144 tokens
 
 
 class Chain(Protocol):
@@ -57,33 +56,6 @@ def in_id_order(ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.nda
     dense[ids] = logits
     ordered = np.flatnonzero(present)
     return ordered.astype(ids.dtype, copy=False), dense[ordered]
-
-
-def top_k_superset(row: np.ndarray, k: int) -> np.ndarray | None:
-    """The ids (ascending) of a few tokens that include the ``k`` highest logits of ``row``, with no sort
-    of the row: the ``k``-th highest of the blocks' maxima is ``k`` distinct values, so every one of the
-    ``k`` highest logits is at least it (and above it when ``k`` values are: a row with many tokens at one
-    floor value, as the scaled pair's padding, keeps none of them), and only the blocks whose maximum
-    reaches it are searched. None where that saves nothing (a row of fewer than ``8 k`` blocks)."""
-    n_blocks = row.size // _BLOCK
-    if k <= 0 or n_blocks < 8 * k:
-        return None
-    # block j holds every n_blocks-th token from j: a column of the row laid out as _BLOCK rows, whose maxima
-    # are one vectorised pass (a contiguous block's are not)
-    grid = row[:n_blocks * _BLOCK].reshape(_BLOCK, n_blocks)
-    tail = row[n_blocks * _BLOCK:]
-    maxima = grid.max(axis=0)
-    every = np.append(maxima, tail.max()) if tail.size else maxima
-    floor = np.partition(every, every.size - k)[every.size - k]
-    for strict in (True, False):
-        cols = np.flatnonzero(maxima > floor if strict else maxima >= floor)
-        sub = grid[:, cols]
-        r, c = np.nonzero(sub > floor if strict else sub >= floor)
-        t = np.flatnonzero(tail > floor if strict else tail >= floor)
-        ids = np.concatenate([r * n_blocks + cols[c], n_blocks * _BLOCK + t])
-        if ids.size >= k or not strict:
-            break
-    return np.sort(ids).astype(np.int32, copy=False)
 
 
 def candidate_distribution(ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -167,5 +139,5 @@ class Sampler:
         self.chain.accept_history(tokens)
 
 
-__all__ = ["Chain", "Sampler", "SamplingParams", "candidate_distribution", "draw_index", "in_id_order",
-           "top_k_superset"]
+__all__ = ["Chain", "Sampler", "SamplingParams", "candidate_distribution", "draw_index", "in_id_order"]
+
