@@ -5,8 +5,9 @@ For each pair (``e2b``: the demo's E2B-sized q4_K pair, built and cached by ``sc
 bundled trained pair), temperature (0; 0.7 with the library's sampling defaults; 1.5 with top_k 0) and
 prompt, plain decoding (``draft_n_max=0``), every fixed count 1..4 and ``auto`` (the default: no drafting
 argument at all), interleaved per prompt (in a new order each repeat), ``ignore_eos`` so every run is as
-long. A cell is the mean over the prompts of the median of ``--repeats`` interleaved rounds (default per pair: the tiny pair's runs last a
-fraction of a second, and one run each measured the machine's jitter more than the setting).
+long. A cell is the mean over the prompts of the median of ``--repeats`` interleaved rounds (default per
+pair: the tiny pair's runs last a fraction of a second, and one run each measured the machine's jitter more
+than the setting).
 Everything goes through ``Model.generate`` without a context argument, as a user's script calls it: the
 model's kept context, on which ``auto`` starts cold at the first prompt and learns across the rest.
 

@@ -324,7 +324,7 @@ def test_the_chain_from_the_top_k_candidates_keeps_what_it_keeps_from_the_whole_
     started_from: list[int] = []
     superset = chain_module.top_k_superset
     monkeypatch.setattr(chain_module, "top_k_superset",
-                        lambda row, k: started_from.append(k) or superset(row, k))
+                        lambda row, k, out=None: started_from.append(k) or superset(row, k, out))
     p = SamplingParams(**BIG_SETS[name]).resolved(N_CTX)
     whole = {**(p.logit_bias or {}), 0: 0.0}  # a bias of 0 changes no logit, but makes the chain read every token
     kept = []

@@ -22,7 +22,6 @@ A chain owns native memory: use it as a context manager (or call :meth:`close`).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -84,6 +83,7 @@ class SamplerChain:
         self._banned = np.array(sorted(self._bias), dtype=np.int32)
         self._buf = np.zeros(self.n_vocab, dtype=TOKEN_DATA)
         self._ids = np.arange(self.n_vocab, dtype=np.int32)
+        self._candidates = np.empty(self.n_vocab if self._top_k_first else 0, dtype=np.int32)  # top_k_superset's output
         self._data = ffi.from_buffer("llama_token_data[]", self._buf)  # keeps the buffer's view alive
         self._addr = int(ffi.cast("uintptr_t", self._data))
         self._arr = ffi.new("llama_token_data_array *")
@@ -185,7 +185,7 @@ class SamplerChain:
         if row.shape != (self.n_vocab,):
             raise InvalidParameterError(f"a logits row of {self.n_vocab} values was expected, got shape {row.shape}")
         buf = self._buf
-        ids = top_k_superset(row, self.params.top_k) if self._top_k_first else None
+        ids = top_k_superset(row, self.params.top_k, self._candidates) if self._top_k_first else None
         if ids is not None and self._banned.size and np.isin(ids, self._banned).any():
             ids = None  # a banned token among them: fewer than k of the rest may be there
         if ids is None:
@@ -211,23 +211,22 @@ class SamplerChain:
         return out["id"].copy(), out["logit"].copy()
 
 
-_superset_out = threading.local()  # top_k_superset's output buffer, one per thread
-
-
-def top_k_superset(row: np.ndarray, k: int) -> np.ndarray | None:
+def top_k_superset(row: np.ndarray, k: int, out: np.ndarray | None = None) -> np.ndarray | None:
     """The ids (ascending, int32) of a few tokens of ``row`` that include its ``k`` highest logits and every
     token tied with the ``k``-th, found without a sort of the row (the module's C helper
-    ``mtp_top_k_superset``: the ``k``-th highest of 128-token blocks' maxima bounds them from below). None where
-    that saves nothing (a row of fewer than ``8 k`` blocks)."""
+    ``mtp_top_k_superset``: the ``k``-th highest of 128-token blocks' maxima bounds them from below), as a view
+    of ``out`` (int32, room for ``row.size``; a chain passes its own: a fresh 1 MB array each row was mapped
+    and unmapped, half the helper's time again). None where that saves nothing (a row of fewer than ``8 k``
+    blocks)."""
     row = np.ascontiguousarray(row, dtype=np.float32)
-    out = getattr(_superset_out, "ids", None)
-    if out is None or out.size < row.size:
-        # kept per thread: a fresh 1 MB array each row was mapped and unmapped, half the helper's time again
-        out = _superset_out.ids = np.empty(row.size, dtype=np.int32)
+    if out is None:
+        out = np.empty(row.size, dtype=np.int32)
+    elif out.dtype != np.int32 or out.size < row.size:
+        raise ValueError(f"out must be int32 with room for {row.size} ids")
     m = lib.mtp_top_k_superset(ffi.from_buffer("float[]", row), row.size, k, ffi.from_buffer("int32_t[]", out))
     if m == -2:
         raise MemoryError("no memory for the top-k prefilter's block maxima")
-    return out[:m].copy() if m >= 0 else None
+    return out[:m] if m >= 0 else None
 
 
 def sampler_for(params: SamplingParams, n_vocab: int, vocab: Any = None) -> Sampler:

@@ -140,4 +140,3 @@ class Sampler:
 
 
 __all__ = ["Chain", "Sampler", "SamplingParams", "candidate_distribution", "draw_index", "in_id_order"]
-
