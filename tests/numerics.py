@@ -60,6 +60,15 @@ TOL: dict[str, Tolerance] = {
                                               "native (AMX) build up to 5.6e-3 (keqv; ple 3.4e-3, dense 1.5e-3, "
                                               "trained 6.6e-4), on a Zen 4's native build up to 7.5e-5 (dense; ple "
                                               "2.4e-5, keqv 8.1e-6); 2.7x"),
+    # CPU flash attention (tests/c/fa_rows.c, ggml alone: random K / V, relative to the output's largest value)
+    # against the backend's reference path (one query row at a time over the whole cache, no chunks, no tiles)
+    "fa_vs_reference": Tolerance(2e-2, 7.6e-3, "1..8 query rows past 512 cells: f16 7.6e-3 (the reference "
+                                               "accumulates V in f16), quantized caches (q8_0, turbo2-4, mixed) "
+                                               "<= 2.2e-6 (the same K dot products, softmax reduced over chunks); "
+                                               "Zen 5 native; 2.6x"),
+    "fa_prompt_vs_reference": Tolerance(2e-2, 8.1e-3, "96-row prompts (the tiled path): f16 8.1e-3, turbo3 2.5e-3 "
+                                                      "(f32 Q against the reference's q8_0 Q), f16 K + q8_0 V "
+                                                      "1.4e-4; Zen 5 native; 2.5x"),
     # the scaled pair (scale_pair, ScaleConfig.small()) vs the trained one, teacher-forced, same f16 weights;
     # the value is scale-pair --check's own LOGIT_TOL (test_scale_pair.py checks they are one)
     "scaled_vs_trained": Tolerance(2.5e-2, 1.27e-2, "f16 KV: 4.1e-3 native, 8.8e-3 haswell, 1.27e-2 zen4; f32 KV: "

@@ -1,4 +1,4 @@
-"""Matrix products and attention with few input columns (patches 0100-0104, 0108, 0111-0114, 0117; issues 8, 23).
+"""Matrix products and attention with few input columns (patches 0100-0104, 0108, 0111-0114, 0117, 0120; issues 8, 23, 29).
 
 * ggml alone: every product of f16, q8_0, q4_K and q6_K weights with n = 1..8 columns (and a few more)
   agrees with a naive reference on the dequantized weights within test-backend-ops' MUL_MAT
@@ -12,7 +12,8 @@
   widths reach every few-column kernel, with llama.cpp's repacked layouts (AMX where the CPU has it) and
   without them (``repack=False``, the plain kernels), with flash attention off and on.
 * ggml alone: flash attention over n = 1..8 query rows gives each row the bits of that row alone
-  (``tests/c/fa_rows.c``), under and past 512 KV cells.
+  (``tests/c/fa_rows.c``), under and past 512 KV cells, with f16 and quantized caches (q8_0, TurboQuant,
+  mixed K / V types), and agrees with the CPU backend's reference path, as a prompt (the tiled path) does.
 
 Both run in subprocesses, so that a kernel fault fails a test instead of killing pytest.
 """
@@ -27,6 +28,7 @@ from pathlib import Path
 import pytest
 from fixture_paths import fixture_path
 from ggml_programs import compile_ggml_program
+from numerics import TOL
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
@@ -99,16 +101,49 @@ def fa_rows(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return compile_ggml_program(REPO / "tests" / "c" / "fa_rows.c", tmp_path_factory.mktemp("fa"))
 
 
-@pytest.mark.parametrize("shape", [
-    ["--n-kv", "256", "--used", "40"],
-    ["--n-kv", "768", "--used", "600"],  # past 512 cells: the split-KV path
-    ["--n-kv", "2048", "--used", "1500", "--heads", "8", "--kv-heads", "2", "--dk", "256", "--threads", "1"],
-], ids=["256-cells", "768-cells", "2048-cells-gqa-1-thread"])
-def test_flash_attention_gives_each_of_a_few_query_rows_the_bits_of_that_row_alone(fa_rows: Path, shape) -> None:
+def _fa_rows(fa_rows: Path, shape: list[str]) -> dict:
     res = subprocess.run([str(fa_rows), *shape], capture_output=True, text=True, timeout=120)
     assert res.returncode in (0, 1), f"fa_rows {_exit_reason(res.returncode)}: {res.stderr[-1000:]}"
-    bad = [f"n={r['n']}: {r['mismatches']} floats differ" for r in json.loads(res.stdout)["results"] if r["mismatches"]]
+    return json.loads(res.stdout)
+
+
+GEMMA4_FULL = ["--heads", "8", "--kv-heads", "1", "--dk", "256"]  # E2B's query / KV heads (the full layers: 512)
+FA_SHAPES = {
+    "256-cells": ["--n-kv", "256", "--used", "40"],
+    "768-cells": ["--n-kv", "768", "--used", "600"],  # past 512 cells: the split-KV path
+    "2048-cells-gqa-1-thread": ["--n-kv", "2048", "--used", "1500", "--heads", "8", "--kv-heads", "2", "--dk", "256",
+                                "--threads", "1"],
+    # a quantized cache: past 512 cells the query rows of a KV head take each chunk together
+    "256-cells-q8_0": ["--n-kv", "256", "--used", "40", "--k-type", "q8_0", "--v-type", "q8_0"],
+    "768-cells-q8_0": ["--n-kv", "768", "--used", "600", "--k-type", "q8_0", "--v-type", "q8_0"],
+    "768-cells-turbo3-gemma4": ["--n-kv", "768", "--used", "600", *GEMMA4_FULL, "--k-type", "turbo3", "--v-type", "turbo3"],
+    "768-cells-turbo4-gemma4-1-thread": ["--n-kv", "768", "--used", "700", *GEMMA4_FULL, "--k-type", "turbo4",
+                                         "--v-type", "turbo4", "--threads", "1"],
+    "2048-cells-q8_0-K-turbo2-V-gqa": ["--n-kv", "2048", "--used", "1500", "--heads", "8", "--kv-heads", "2",
+                                       "--dk", "256", "--k-type", "q8_0", "--v-type", "turbo2"],
+    "768-cells-f16-K-q8_0-V": ["--n-kv", "768", "--used", "600", "--k-type", "f16", "--v-type", "q8_0"],
+}
+
+
+@pytest.mark.parametrize("shape", FA_SHAPES.values(), ids=FA_SHAPES.keys())
+def test_flash_attention_gives_each_of_a_few_query_rows_the_bits_of_that_row_alone(fa_rows: Path, shape) -> None:
+    bad = [f"n={r['n']}: {r['mismatches']} floats differ" for r in _fa_rows(fa_rows, shape)["results"] if r["mismatches"]]
     assert not bad, "flash attention rounds with the batch: " + "; ".join(bad)
+
+
+@pytest.mark.parametrize("shape", FA_SHAPES.values(), ids=FA_SHAPES.keys())
+def test_flash_attention_over_a_few_query_rows_agrees_with_the_reference_path(fa_rows: Path, shape) -> None:
+    err = _fa_rows(fa_rows, shape)["ref_rel_err"]
+    assert err <= TOL["fa_vs_reference"].value, f"1..8 rows vs the one-row reference: {err:.3g}"
+
+
+@pytest.mark.parametrize("types", [("f16", "f16"), ("q8_0", "q8_0"), ("turbo3", "turbo3"), ("q8_0", "turbo4")],
+                         ids=lambda t: "-".join(t))
+def test_flash_attention_over_a_prompt_agrees_with_the_reference_path(fa_rows: Path, types) -> None:
+    # 96 rows: the tiled prompt path (64 rows a tile), for a quantized cache too
+    out = _fa_rows(fa_rows, ["--n-kv", "768", "--used", "600", *GEMMA4_FULL, "--k-type", types[0], "--v-type", types[1],
+                             "--prompt", "96"])
+    assert out["prompt_ref_rel_err"] <= TOL["fa_prompt_vs_reference"].value, out
 
 
 # ----------------------------------------------------------------------------------------------
