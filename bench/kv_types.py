@@ -23,6 +23,10 @@ is no smaller than a full-attention layer's cache: see the memory columns.
 
     python bench/kv_types.py                          # -> bench/results/kv_types.{json,md}, ~10 minutes on 2 cores
     python bench/kv_types.py --lengths 1024 --quick   # a check that it runs
+    python bench/kv_types.py --pair e2b --no-quality --lengths 4096 16384   # -> kv_types_e2b.{json,md}
+
+``--pair e2b`` measures the demo's E2B-sized q4_K pair instead (E2B's heads and layer pattern, q4_K weights): what
+a user's decode costs with each cache, where the weights' reading dominates until the cache grows large.
 """
 
 from __future__ import annotations
@@ -55,8 +59,22 @@ QUALITY = [("f16", "f16", "f16", None, None), ("q8_0", "q8_0", "q8_0", None, Non
            ("q8_0 K + turbo3 V", "q8_0", "turbo3", None, None),
            ("turbo4, window f16", "turbo4", "turbo4", "f16", "f16"), ("turbo3, window f16", "turbo3", "turbo3", "f16", "f16")]
 SPEED = ["f16", "q8_0", "turbo4", "turbo3"]
+PAIRS = {"wide": "the wide trained pair (heads 128 / 256, 4 sliding-window + 2 full-attention layers)",
+         "e2b": "the E2B-sized q4_K pair (35 layers, heads 256 / 512, 7 full-attention layers)"}
 PROMPTS = ["def main(argv):\n", "import os\nimport sys\n", "class Queue:\n    def __init__(self):"]
 TEXT = Path(__file__).resolve().parent.parent / "mtp_bindings" / "generation" / "loop.py"
+
+
+def pair_files(name: str, tmp: Path) -> tuple[str, str]:
+    """The pair's target and assistant GGUFs: the wide one is built in ``tmp`` (a second), the E2B-sized one is
+    ``scale_pair``'s cached q4_K pair (built once, minutes)."""
+    from mtp_bindings.scale_pair.build import ScaleConfig, scale_pair
+
+    if name == "wide":
+        wide = dataclasses.replace(ScaleConfig.small(), name="wide", head_dim=128, global_head_dim=256)
+        pair = scale_pair(wide, types=("f16",), cache_dir=tmp, progress=False)
+        return str(pair.target["f16"]), str(pair.centroid["f16"])
+    return auto_draft.pair_files(name)
 
 
 def log(msg: str) -> None:
@@ -162,12 +180,13 @@ def speed(model: Any, lengths: list[int], n_decode: int, n_gen: int) -> dict[str
 def report(res: dict[str, Any]) -> str:
     q, s = res["quality"], res["speed"]
     md = ["# KV cache types: quality, memory and decode speed (issue 29)", "",
-          f"{res['machine']}; {res['date']}; the wide trained pair (heads 128 / 256, 4 sliding-window + 2 full-attention "
-          f"layers); {res['threads']} threads. A type names both the full-attention and the sliding-window caches unless "
-          "the setting gives the window its own (the window cache is full-size: `swa_full`).", "",
-          f"## Quality against an f16 cache ({res['n_text']} tokens of `{TEXT.name}` teacher-forced; MTP acceptance at "
-          "draft_n_max 3, temperature 0, three prompts)", "",
-          "| setting | mean KL | max KL | argmax agrees | MTP acceptance |", "|---|---:|---:|---:|---:|"]
+          f"{res['machine']}; {res['date']}; {PAIRS[res.get('pair', 'wide')]}; {res['threads']} threads. A type names "
+          "both the full-attention and the sliding-window caches unless the setting gives the window its own (the "
+          "window cache is full-size: `swa_full`)."]
+    if q:
+        md += ["", f"## Quality against an f16 cache ({res['n_text']} tokens of `{TEXT.name}` teacher-forced; MTP "
+               "acceptance at draft_n_max 3, temperature 0, three prompts)", "",
+               "| setting | mean KL | max KL | argmax agrees | MTP acceptance |", "|---|---:|---:|---:|---:|"]
     for name, r in q.items():
         md.append(f"| {name} | {r['kl_mean']:.2e} | {r['kl_max']:.2e} | {100 * r['argmax_agree']:.1f}% | "
                   f"{100 * r['acceptance']:.1f}% |")
@@ -189,32 +208,36 @@ def report(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    # 16K and 32K: the quantized types' prefill grows with the square of the length without a fast flash-attention path
-    # (each K/V row decoded per query head): 32K turbo4 would take ~25 minutes here
+    # 16K and 32K fit the wide pair's cache; on the E2B-sized pair a 32K prompt takes minutes per type on 2 cores
     ap.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192])
     ap.add_argument("--text-tokens", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=64, help="tokens generated per prompt for MTP acceptance")
     ap.add_argument("--quick", action="store_true", help="fewer decodes and tokens (a check that it runs)")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", type=Path, default=RESULTS / "kv_types.json")
+    ap.add_argument("--pair", choices=sorted(PAIRS), default="wide",
+                    help="wide: the wide trained pair (tiny weights: attention's cost per cached token); e2b: the "
+                         "demo's E2B-sized q4_K pair (what a user's decode costs; its prompts take minutes)")
+    ap.add_argument("--no-quality", action="store_true", help="the speed table only")
+    ap.add_argument("--out", type=Path, default=None, help="default: bench/results/kv_types[_e2b].json")
     args = ap.parse_args(argv)
 
     from mtp_bindings import Model
-    from mtp_bindings.scale_pair.build import ScaleConfig, scale_pair
 
     n_decode, n_gen = (3, 16) if args.quick else (9, 64)
-    wide = dataclasses.replace(ScaleConfig.small(), name="wide", head_dim=128, global_head_dim=256)
+    out = args.out or RESULTS / ("kv_types.json" if args.pair == "wide" else f"kv_types_{args.pair}.json")
     with tempfile.TemporaryDirectory() as tmp:
-        pair = scale_pair(wide, types=("f16",), cache_dir=tmp, progress=False)
-        with Model(pair.target["f16"], assistant=pair.centroid["f16"], verbose=True,
+        target, assistant = pair_files(args.pair, Path(tmp))
+        with Model(target, assistant=assistant, verbose=True,
                    **({"n_threads": args.threads} if args.threads else {})) as model:
             res = {"machine": f"{ds._cpu_name()} ({auto_draft._isa()})", "date": time.strftime("%Y-%m-%d %H:%M"),
-                   "threads": args.threads or "default", "n_text": args.text_tokens, "n_gen": n_gen,
-                   "quality": quality(model, args.text_tokens, 16 if args.quick else args.tokens),
+                   "pair": args.pair, "threads": args.threads or "default", "n_text": args.text_tokens,
+                   "n_gen": n_gen,
+                   "quality": {} if args.no_quality else quality(model, args.text_tokens,
+                                                                  16 if args.quick else args.tokens),
                    "speed": speed(model, sorted(args.lengths), n_decode, n_gen)}
-    args.out.write_text(json.dumps(res, indent=1) + "\n")
+    out.write_text(json.dumps(res, indent=1) + "\n")
     md = report(res)
-    args.out.with_suffix(".md").write_text(md)
+    out.with_suffix(".md").write_text(md)
     print(md)
     return 0
 
