@@ -64,8 +64,8 @@ TOL: dict[str, Tolerance] = {
     # against the backend's reference path (one query row at a time over the whole cache, no chunks, no tiles)
     "fa_vs_reference": Tolerance(2e-2, 7.6e-3, "1..8 query rows past 512 cells: f16 7.6e-3 (the reference "
                                                "accumulates V in f16), quantized caches (q8_0, turbo2-4, mixed) "
-                                               "<= 2.2e-6 (the same K dot products, softmax reduced over chunks); "
-                                               "Zen 5 native; 2.6x"),
+                                               "<= 3.1e-3 (f32 Q against the reference's q8_0 Q); Zen 5 native, "
+                                               "haswell, skylakex; 2.6x"),
     "fa_prompt_vs_reference": Tolerance(2e-2, 8.1e-3, "96-row prompts (the tiled path): f16 8.1e-3, turbo3 2.5e-3 "
                                                       "(f32 Q against the reference's q8_0 Q), f16 K + q8_0 V "
                                                       "1.4e-4; Zen 5 native; 2.5x"),
