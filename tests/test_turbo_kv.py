@@ -137,6 +137,19 @@ def test_mtp_greedy_equals_plain_greedy_on_a_turbo_cache(wide, types) -> None:
                 assert_same_tokens(plain.tokens, spec.tokens, f"{types} {prompt!r} n={n}: MTP vs plain greedy")
 
 
+@pytest.mark.parametrize("types", [("turbo3", "turbo3"), ("q8_0", "q8_0"), ("q8_0", "turbo4")], ids="-".join)
+def test_mtp_greedy_equals_plain_greedy_on_a_quantized_cache_past_512_cells(wide, types) -> None:
+    # past 512 cells a decode's query rows take flash attention's split-KV path over the quantized cache
+    # (patch 0120): a verify batch of 2..4 rows must round each row as a one-token decode does
+    text = (Path(__file__).parent.parent / "mtp_bindings" / "generation" / "loop.py").read_text()
+    prompt = wide.tokenize(text)[:600]
+    with wide.create_context(n_ctx=1024, type_k=types[0], type_v=types[1]) as ctx:
+        plain = wide.generate(prompt, max_tokens=32, draft_n_max=0, context=ctx, temperature=0, cache_prompt=False)
+        spec = wide.generate(prompt, max_tokens=32, draft_n_max=3, context=ctx, temperature=0, cache_prompt=False)
+        assert spec.stats.n_drafted > 0
+        assert_same_tokens(plain.tokens, spec.tokens, f"{types}: MTP vs plain greedy past 512 cells")
+
+
 def test_a_turbo_cache_stays_close_to_an_f16_cache(wide) -> None:
     prompt = list(range(5, 125))
     logits = {}
