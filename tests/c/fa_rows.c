@@ -84,6 +84,23 @@ static void set_kv(struct ggml_tensor * t, const float * src, int dk, int rows) 
     free(data);
 }
 
+// a run of n query rows over the K / V floats kv (K, then V), in the types asked for
+static struct run build_filled(ggml_backend_t be, int n, int n_kv, int dk, int h, int hkv, const float * kv) {
+    struct run r = build(be, n, n_kv, dk, h, hkv);
+    set_kv(r.k, kv, dk, n_kv * hkv);
+    set_kv(r.v, kv + dk * n_kv * hkv, dk, n_kv * hkv);
+    return r;
+}
+
+// the causal mask of n query rows at positions used - n .. used - 1: row i sees cells [0, used - n + i]
+static ggml_fp16_t * causal_mask(int n, int n_kv, int used) {
+    ggml_fp16_t * mask = malloc(sizeof(ggml_fp16_t) * n_kv * n);
+    for (int i = 0; i < n; i++) {
+        for (int c = 0; c < n_kv; c++) mask[i * n_kv + c] = ggml_fp32_to_fp16(c <= used - n + i ? 0.0f : -INFINITY);
+    }
+    return mask;
+}
+
 int main(int argc, char ** argv) {
     int n_kv = 256, used = 40, dk = 128, h = 4, hkv = 1, threads = 2, prompt = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -111,16 +128,10 @@ int main(int argc, char ** argv) {
     printf("{\"n_kv\": %d, \"used\": %d, \"k_type\": \"%s\", \"v_type\": \"%s\", \"results\": [",
            n_kv, used, ggml_type_name(k_type), ggml_type_name(v_type));
     for (int n = 1; n <= n_max; n++) {
-        struct run all = build(be, n, n_kv, dk, h, hkv), one = build(be, 1, n_kv, dk, h, hkv);
-        set_kv(all.k, kv, dk, n_kv * hkv);
-        set_kv(all.v, kv + dk * n_kv * hkv, dk, n_kv * hkv);
-        set_kv(one.k, kv, dk, n_kv * hkv);
-        set_kv(one.v, kv + dk * n_kv * hkv, dk, n_kv * hkv);
-        // row i is the query of position used - n + i: it sees cells [0, used - n + i]
-        ggml_fp16_t * mask = malloc(sizeof(ggml_fp16_t) * n_kv * n);
+        struct run all = build_filled(be, n, n_kv, dk, h, hkv, kv), one = build_filled(be, 1, n_kv, dk, h, hkv, kv);
+        ggml_fp16_t * mask = causal_mask(n, n_kv, used);
         float * qa = malloc(sizeof(float) * dk * n * h);
         for (int i = 0; i < n; i++) {
-            for (int c = 0; c < n_kv; c++) mask[i * n_kv + c] = ggml_fp32_to_fp16(c <= used - n + i ? 0.0f : -INFINITY);
             for (int hh = 0; hh < h; hh++) memcpy(qa + (hh * n + i) * dk, q + (hh * n_max + i) * dk, sizeof(float) * dk);
         }
         float * ya = attend(be, &all, qa, mask, 0);   // [dk, h, n]
@@ -143,14 +154,9 @@ int main(int argc, char ** argv) {
     printf("], \"ref_rel_err\": %.3g", ref_err);
     if (prompt > 0) {
         // a prompt of `prompt` rows at positions used - prompt .. used - 1, against the reference path
-        struct run p = build(be, prompt, n_kv, dk, h, hkv);
-        set_kv(p.k, kv, dk, n_kv * hkv);
-        set_kv(p.v, kv + dk * n_kv * hkv, dk, n_kv * hkv);
-        ggml_fp16_t * mask = malloc(sizeof(ggml_fp16_t) * n_kv * prompt);
+        struct run p = build_filled(be, prompt, n_kv, dk, h, hkv, kv);
+        ggml_fp16_t * mask = causal_mask(prompt, n_kv, used);
         float * qa = malloc(sizeof(float) * dk * prompt * h);
-        for (int i = 0; i < prompt; i++) {
-            for (int c = 0; c < n_kv; c++) mask[i * n_kv + c] = ggml_fp32_to_fp16(c <= used - prompt + i ? 0.0f : -INFINITY);
-        }
         for (int i = 0; i < dk * prompt * h; i++) qa[i] = rnd() * 2.0f;
         float * ya = attend(be, &p, qa, mask, 0);
         float * yr = attend(be, &p, qa, mask, 1);
