@@ -6,7 +6,7 @@ Three kinds of comparison, and which one a test needs:
 
 * **exact** -- two runs of one computation: within one model and build, MTP against plain decoding
   (every CPU kernel of a decode of 1..8 tokens rounds each row as a one-token decode does, patches
-  0101-0104, 0108, 0111-0114, 0117 and 0120: ``test_matmul_few_columns.py`` bit for bit,
+  0101-0104, 0108, 0111-0114, 0117, 0120 and 0122: ``test_matmul_few_columns.py`` bit for bit,
   ``test_cpu_variants.py`` on the haswell and zen4 variants), logprobs with and without drafting, a
   server against the same model in process. Token lists and floats are compared with ``==``.
 * **teacher-forced** -- two different computations (another weight / KV type, a scaled copy, HF): the
@@ -62,10 +62,10 @@ TOL: dict[str, Tolerance] = {
                                               "2.4e-5, keqv 8.1e-6); 2.7x"),
     # CPU flash attention (tests/c/fa_rows.c, ggml alone: random K / V, relative to the output's largest value)
     # against the backend's reference path (one query row at a time over the whole cache, no chunks, no tiles)
-    "fa_vs_reference": Tolerance(2e-2, 7.6e-3, "1..8 query rows past 512 cells: f16 7.6e-3 (the reference "
-                                               "accumulates V in f16), quantized caches (q8_0, turbo2-4, mixed) "
-                                               "<= 3.1e-3 (f32 Q against the reference's q8_0 Q); Zen 5 native, "
-                                               "haswell, skylakex; 2.6x"),
+    "fa_vs_reference": Tolerance(2e-2, 1.31e-2, "1..8 query rows past 512 cells: f16 1.31e-2 (both paths "
+                                                "accumulate V in f16, 256 cells a chunk), quantized caches "
+                                                "(q8_0, turbo2-4, mixed) <= 3.1e-3 (f32 Q against the "
+                                                "reference's q8_0 Q); Zen 5 native, haswell, skylakex; 1.5x"),
     "fa_prompt_vs_reference": Tolerance(2e-2, 8.1e-3, "96-row prompts (the tiled path): f16 8.1e-3, turbo3 2.5e-3 "
                                                       "(f32 Q against the reference's q8_0 Q), f16 K + q8_0 V "
                                                       "1.4e-4; Zen 5 native; 2.5x"),
