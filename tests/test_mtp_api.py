@@ -213,14 +213,17 @@ def test_a_chained_request_equals_its_steps_one_by_one(name):
     with Model(fixture_path(target), assistant=fixture_path(assistant)) as m, \
             m.create_context(n_ctx=256, embeddings=True) as ctx:
         tok, h, attn_pos = _prefill(m, ctx, [2, 40, 41, 42, 43, 44])
-        chained, h_last = ctx.decode_mtp(attn_pos=attn_pos, last_token=tok, h_prev=h, n_steps=6)
-        steps = []
+        chained, h_last, logits = ctx.decode_mtp(attn_pos=attn_pos, last_token=tok, h_prev=h, n_steps=6,
+                                                 return_logits=True)
+        steps, step_logits = [], []
         for _ in range(6):
-            d, h = ctx.decode_mtp(attn_pos=attn_pos, last_token=tok, h_prev=h, n_steps=1)
+            d, h, lg = ctx.decode_mtp(attn_pos=attn_pos, last_token=tok, h_prev=h, n_steps=1, return_logits=True)
             tok = int(d[0])
             steps.append(tok)
+            step_logits.append(lg[0])
         assert chained.tolist() == steps
         assert np.array_equal(h_last, h)
+        assert np.array_equal(logits, np.stack(step_logits))
 
 
 def test_h_prev_mutated_after_submit_changes_nothing(dense):
