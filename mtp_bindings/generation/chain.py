@@ -21,8 +21,10 @@ A chain owns native memory: use it as a context manager (or call :meth:`close`).
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterable
+import secrets
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,6 +40,7 @@ logger = logging.getLogger(__name__)
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 DEFAULT_SEED = 0xFFFFFFFF  # llama.h's LLAMA_DEFAULT_SEED: a random seed
 _MIN_KEEP = 0  # llama-server's min_keep default
+_MASK64 = (1 << 64) - 1
 
 
 def native_seed(seed: int | None) -> int:
@@ -81,12 +84,13 @@ class SamplerChain:
         self._top_k_first = (params.top_k > 0 and bans_only and not self.stateful
                              and not params.has_dry and params.top_n_sigma <= 0)
         self._banned = np.array(sorted(self._bias), dtype=np.int32)
-        self._buf = np.zeros(self.n_vocab, dtype=TOKEN_DATA)
-        self._ids = np.arange(self.n_vocab, dtype=np.int32)
-        self._candidates = np.empty(self.n_vocab if self._top_k_first else 0, dtype=np.int32)  # top_k_superset's output
-        self._data = ffi.from_buffer("llama_token_data[]", self._buf)  # keeps the buffer's view alive
-        self._addr = int(ffi.cast("uintptr_t", self._data))
-        self._arr = ffi.new("llama_token_data_array *")
+        self._scratch: _Scratch | None = None  # made at the first row: a greedy generation in the graph reads none
+        self._round: Any = None  # the native round's description (mtp_round), made with the scratch
+
+    def _buffers(self) -> _Scratch:
+        if self._scratch is None:
+            self._scratch = _Scratch(self.n_vocab)
+        return self._scratch
 
     def _add_samplers(self, p: SamplingParams, vocab: Any) -> dict[int, float]:
         """Add llama-server's samplers in its order; the biases of the logit-bias sampler leading them."""
@@ -184,31 +188,132 @@ class SamplerChain:
         order; copies. Nothing is drawn and nothing heard."""
         if row.shape != (self.n_vocab,):
             raise InvalidParameterError(f"a logits row of {self.n_vocab} values was expected, got shape {row.shape}")
-        buf = self._buf
-        ids = top_k_superset(row, self.params.top_k, self._candidates) if self._top_k_first else None
+        sc = self._buffers()
+        buf = sc.buf
+        ids = top_k_superset(row, self.params.top_k, sc.ids) if self._top_k_first else None
         if ids is not None and self._banned.size and np.isin(ids, self._banned).any():
             ids = None  # a banned token among them: fewer than k of the rest may be there
         if ids is None:
             size = self.n_vocab
-            buf["id"] = self._ids  # the samplers sort in place: every row starts from the vocabulary's order
+            buf["id"] = sc.vocab_order  # the samplers sort in place: every row starts from the vocabulary's order
             buf["logit"] = row
         else:  # the same tokens survive top-k as from the whole row, in the vocabulary's order too
             size = ids.size
             buf["id"][:size] = ids
             buf["logit"][:size] = row[ids]
-        arr = self._arr
-        arr.data = self._data
+        arr = sc.arr
+        arr.data = sc.data
         arr.size = size
         arr.selected = -1
         arr.sorted = False
         lib.llama_sampler_apply(self.ptr, arr)
         # XTC moves the start of the array past the tokens it removes (within this buffer)
-        start = (int(ffi.cast("uintptr_t", arr.data)) - self._addr) // TOKEN_DATA.itemsize
+        start = (int(ffi.cast("uintptr_t", arr.data)) - sc.addr) // TOKEN_DATA.itemsize
         size = int(arr.size)
         if not 0 <= start <= start + size <= self.n_vocab:
             raise RuntimeError(f"the sampler chain left candidates outside its buffer ({start}, {size})")
         out = buf[start:start + size]
         return out["id"].copy(), out["logit"].copy()
+
+    def verify_round(self, rows: Sequence[np.ndarray], drafts: Sequence[int],
+                     u: np.ndarray | None = None) -> tuple[int, int]:
+        """One verify round in C (``mtp_verify_round``): what :class:`~.rejection.RejectionSampler` does with
+        this chain's distribution, reading each row once and calling no numpy per row (after a decode has swept
+        the caches each numpy call costs tens of microseconds). ``rows``: ``len(drafts) + 1`` float32 rows
+        (row ``i`` predicts the token after ``drafts[:i]``). The uniform numbers: draft ``i`` is accepted where
+        ``u[2 i]`` is below its probability and a token is drawn with ``u[2 i + 1]``; ``u`` None (the loop's
+        way): the chain's own generator draws them, seeded with ``seed`` (see :meth:`seed_rounds`). The chain
+        hears every emitted token. Returns ``(n_accepted, next_token)``."""
+        chain = self.ptr  # raises once closed
+        n = len(drafts) + 1
+        if not n <= len(rows) <= lib.MTP_ROUND_MAX_ROWS:
+            raise InvalidParameterError(f"{n} logits rows were expected (at most {lib.MTP_ROUND_MAX_ROWS})")
+        if u is not None and (u.dtype != np.float64 or u.size < 2 * n):
+            raise InvalidParameterError(f"a round needs {2 * n} float64 uniform numbers")
+        rnd = self._round if self._round is not None else self._native_round(chain)
+        sc = self._scratch
+        views = [ffi.from_buffer("float[]", r) for r in rows[:n]]  # alive until the call returns
+        for i, v in enumerate(views):
+            if len(v) != self.n_vocab:
+                raise InvalidParameterError(f"float32 logits rows of {self.n_vocab} values were expected")
+            sc.rows[i] = v
+        for i, t in enumerate(drafts):
+            sc.drafts[i] = t
+        rc = lib.mtp_verify_round(rnd, sc.rows, n, sc.drafts, ffi.NULL if u is None else ffi.from_buffer("double[]", u),
+                                  sc.out)
+        if rc >= 0:
+            return rc, sc.out[0]
+        if rc == lib.MTP_ROUND_ERR_EMPTY:
+            raise ValueError("no candidate token is left (every logit is -inf)")
+        if rc == lib.MTP_ROUND_ERR_MEMORY:
+            raise MemoryError("no memory for the top-k prefilter's block maxima")
+        raise RuntimeError(f"the sampler chain left candidates outside its buffer (status {rc})")
+
+    def seed_rounds(self, seed: int) -> None:
+        """Seed the generator :meth:`verify_round` draws its uniform numbers from (until then: the request's
+        seed, or a random one)."""
+        _seed_xoshiro(self._round if self._round is not None else self._native_round(self.ptr), seed)
+
+    def _native_round(self, chain: Any) -> Any:
+        if self._round is None:
+            sc = self._buffers()
+            rnd = ffi.new("mtp_round *")
+            rnd.chain = chain
+            rnd.n_vocab = self.n_vocab
+            if not self.params.greedy:
+                rnd.mode = lib.MTP_ROUND_SAMPLE
+            else:
+                rnd.mode = lib.MTP_ROUND_GREEDY_CHAIN if self.changes_argmax else lib.MTP_ROUND_ARGMAX
+            rnd.top_k = self.params.top_k if self._top_k_first else 0
+            rnd.stateful = self.stateful
+            sc.banned = ffi.from_buffer("int32_t[]", self._banned)
+            rnd.banned = sc.banned
+            rnd.n_banned = self._banned.size
+            rnd.data = sc.data
+            rnd.ids = ffi.from_buffer("int32_t[]", sc.ids)
+            rnd.probs = ffi.from_buffer("double[]", sc.probs)
+            rnd.dense = ffi.from_buffer("float[]", sc.dense)
+            rnd.present = ffi.from_buffer("uint64_t[]", sc.present)
+            sc.keep = [rnd.ids, rnd.probs, rnd.dense, rnd.present]  # the views the struct points into
+            self._round = rnd
+            _seed_xoshiro(rnd, self.params.seed if self.params.seed is not None else secrets.randbits(64))
+        return self._round
+
+
+def _seed_xoshiro(rnd: Any, seed: int) -> None:
+    """A native round's xoshiro256** state from a 64-bit seed, spread by splitmix64 (as its authors advise)."""
+    x = int(seed) & _MASK64
+    for i in range(4):
+        x = (x + 0x9E3779B97F4A7C15) & _MASK64
+        z = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        rnd.rng[i] = z ^ (z >> 31)
+
+
+class _Scratch:
+    """A chain's buffers of ``n_vocab`` entries each, made once (``np.empty``: only the pages a row touches are
+    mapped), and the native views of them: the candidates the samplers work on (``llama_token_data``), the
+    prefilter's ids, and the native round's probabilities, logits by id and bitmap of ids."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.buf = np.empty(n_vocab, dtype=TOKEN_DATA)
+        self.ids = np.empty(n_vocab, dtype=np.int32)
+        self.probs = np.empty(n_vocab, dtype=np.float64)
+        self.dense = np.empty(n_vocab, dtype=np.float32)
+        self.present = np.empty((n_vocab + 63) // 64, dtype=np.uint64)
+        self.data = ffi.from_buffer("llama_token_data[]", self.buf)  # keeps the buffer's view alive
+        self.addr = int(ffi.cast("uintptr_t", self.data))
+        self.arr = ffi.new("llama_token_data_array *")
+        self.banned: Any = None
+        self.keep: list[Any] = []
+        self.rows: Any = ffi.new("float *[]", lib.MTP_ROUND_MAX_ROWS)  # a round's row pointers, drafts and token
+        self.drafts: Any = ffi.new("int32_t[]", lib.MTP_ROUND_MAX_ROWS)
+        self.out: Any = ffi.new("int32_t *")
+
+    @functools.cached_property
+    def vocab_order(self) -> np.ndarray:
+        """Every token id in order (the Python path's start of a whole row)."""
+        return np.arange(self.buf.size, dtype=np.int32)
 
 
 def top_k_superset(row: np.ndarray, k: int, out: np.ndarray | None = None) -> np.ndarray | None:

@@ -6,7 +6,9 @@ the draft distribution is one-hot): draft ``d`` at row ``i`` is accepted with pr
 accepted the bonus token is drawn from the last row. ``p_i`` is the sampler chain's distribution
 (:mod:`.sampling`: llama-server's samplers), computed on its candidates only; the chain has heard the
 drafts accepted before row ``i`` (penalties, DRY), so accepted tokens are distributed exactly as
-one-at-a-time sampling. At temperature 0 both reduce to the greedy pick (greedy equivalence). Pure numpy.
+one-at-a-time sampling. At temperature 0 both reduce to the greedy pick (greedy equivalence). With
+llama.cpp's chain and no grammar, the round runs in C (:meth:`~.chain.SamplerChain.verify_round`, the same
+rule over the same distribution, each row read once); otherwise in numpy, here.
 
 With a grammar (:class:`~.constraint.TokenConstraint`) every row is masked in the grammar's state
 after the tokens before it, so a draft the grammar forbids has probability 0 and is rejected; a
@@ -38,6 +40,11 @@ class RejectionSampler:
     def __init__(self, sampler: Sampler, constraint: TokenConstraint | None = None) -> None:
         self.sampler = sampler
         self.constraint = constraint
+        # llama.cpp's chain verifies a whole round in C (SamplerChain.verify_round); a grammar masks rows in
+        # Python first, and a chain of the tests' own has no native round
+        self._native = getattr(sampler.chain, "verify_round", None) if constraint is None else None
+        if self._native is not None and not sampler.params.greedy:  # its numbers, from the sampler's seed
+            sampler.chain.seed_rounds(int(sampler.rng.integers(0, 1 << 63)))  # type: ignore[attr-defined]
 
     def verify(self, rows: Sequence[np.ndarray], drafts: Sequence[int]) -> tuple[int, int]:
         """Verify ``drafts`` against the target's ``rows`` (``len(drafts) + 1`` logits rows: row
@@ -46,6 +53,8 @@ class RejectionSampler:
         Returns ``(n_accepted, next_token)``: the first ``n_accepted`` drafts are kept and
         ``next_token`` follows them (the correction on a rejection, the bonus otherwise).
         """
+        if self._native is not None:
+            return self._native(rows, drafts)
         sampler = self.sampler
         for i, d in enumerate(drafts):
             row = rows[i] if self.constraint is None else self.constraint.mask(rows[i])
@@ -83,6 +92,8 @@ class RejectionSampler:
     def sample(self, row: np.ndarray) -> int:
         """One token from one logits row (the first token after the prompt, or the bonus token
         after the accepted drafts), masked by the constraint if there is one."""
+        if self._native is not None:
+            return self._native([row], [])[1]
         if self.constraint is not None:
             row = self.constraint.mask(row)
         return self._emit(self.sampler.sample(row))

@@ -1,0 +1,419 @@
+/* C helpers compiled into the cffi module (build_support/gen_ffi.py appends this file to the module's source,
+   after llama.h): the host side of sampling at Gemma 4's 262,144-token vocabulary, where every numpy call on a
+   row costs tens of microseconds and a round's rows are best read once, in C.
+
+   mtp_top_k_superset: the sampler chain's top-k prefilter (mtp_bindings.generation.chain.top_k_superset);
+   numpy took 90-220 us a row for what is one pass over the row here.
+   mtp_verify_round:   one verify round of exact speculative sampling over llama.cpp's sampler chain
+   (mtp_bindings.generation.chain.SamplerChain.verify_round), the whole round in one call. */
+#include <stdlib.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#elif defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
+
+#define MTP_TOP_K_BLOCK 128
+
+static float mtp_block_max(const float * x, int32_t n) {
+    int32_t i = 0;
+    float m = x[0];
+#if defined(__SSE2__)
+    if (n >= 32) {
+        /* eight running maxima: one max's latency is four of its issue slots */
+        __m128 a[8];
+        for (int j = 0; j < 8; ++j) {
+            a[j] = _mm_loadu_ps(x + 4 * j);
+        }
+        for (i = 32; i + 32 <= n; i += 32) {
+            for (int j = 0; j < 8; ++j) {
+                a[j] = _mm_max_ps(a[j], _mm_loadu_ps(x + i + 4 * j));
+            }
+        }
+        for (int j = 1; j < 8; ++j) {
+            a[0] = _mm_max_ps(a[0], a[j]);
+        }
+        float v[4];
+        _mm_storeu_ps(v, a[0]);
+        m = v[0] > v[1] ? v[0] : v[1];
+        m = m > v[2] ? m : v[2];
+        m = m > v[3] ? m : v[3];
+    }
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+    if (n >= 4) {
+        float32x4_t a = vld1q_f32(x);
+        for (i = 4; i + 4 <= n; i += 4) {
+            a = vmaxq_f32(a, vld1q_f32(x + i));
+        }
+        m = vmaxvq_f32(a);
+    }
+#endif
+    for (; i < n; ++i) {
+        m = x[i] > m ? x[i] : m;
+    }
+    return m;
+}
+
+/* the k-th highest of a[0..n) (1 <= k <= n), reordering a: Hoare's selection */
+static float mtp_kth_highest(float * a, int32_t n, int32_t k) {
+    int32_t lo = 0, hi = n - 1;
+    const int32_t want = k - 1;
+    while (lo < hi) {
+        const float pivot = a[lo + (hi - lo) / 2];
+        int32_t i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] > pivot) i++;
+            while (a[j] < pivot) j--;
+            if (i <= j) {
+                const float t = a[i]; a[i] = a[j]; a[j] = t;
+                i++; j--;
+            }
+        }
+        if (want <= j) {
+            hi = j;
+        } else if (want >= i) {
+            lo = i;
+        } else {
+            break;
+        }
+    }
+    return a[want];
+}
+
+/* The ids (ascending) of a few tokens of row[0..n) among which are its k highest logits, with every token
+   tied with the k-th highest: the k-th highest of the blocks' maxima is k distinct values, so each of the k
+   highest logits is at least that floor, and only the blocks whose maximum reaches it are read again. Those
+   above the floor where they are k or more (a row with many tokens at one floor value, as a scaled pair's
+   padding, keeps none of them), else those at or above it. Returns how many ids were written to out (room for
+   n), -1 where that saves nothing (fewer than 8 k blocks), -2 when out of memory. */
+static int32_t mtp_top_k_superset(const float * row, int32_t n, int32_t k, int32_t * out) {
+    const int32_t B = MTP_TOP_K_BLOCK;
+    const int32_t n_blocks = (n + B - 1) / B;
+    if (k <= 0 || n / B < 8 * k) {
+        return -1;
+    }
+    float * maxima = (float *) malloc(2 * (size_t) n_blocks * sizeof(float));
+    if (maxima == NULL) {
+        return -2;
+    }
+    float * scratch = maxima + n_blocks;
+    for (int32_t b = 0; b < n_blocks; ++b) {
+        const int32_t len = b * B + B <= n ? B : n - b * B;
+        maxima[b] = scratch[b] = mtp_block_max(row + b * B, len);
+    }
+    const float floor = mtp_kth_highest(scratch, n_blocks, k);
+    int32_t m = 0;
+    for (int strict = 1; strict >= 0; --strict) {
+        m = 0;
+        for (int32_t b = 0; b < n_blocks; ++b) {
+            if (strict ? maxima[b] > floor : maxima[b] >= floor) {
+                const int32_t end = b * B + B <= n ? b * B + B : n;
+                for (int32_t i = b * B; i < end; ++i) {
+                    if (strict ? row[i] > floor : row[i] >= floor) {
+                        out[m++] = i;
+                    }
+                }
+            }
+        }
+        if (m >= k) {
+            break;
+        }
+    }
+    free(maxima);
+    return m;
+}
+
+/* --- one verify round ------------------------------------------------------------------------------------ */
+
+#include <math.h>
+#include <string.h>
+
+enum mtp_round_mode {
+    MTP_ROUND_SAMPLE       = 0, /* draw from the chain's distribution; accept a draft with its probability */
+    MTP_ROUND_GREEDY_CHAIN = 1, /* the highest logit the chain keeps (the lowest id of a tie) */
+    MTP_ROUND_ARGMAX       = 2, /* the raw row's argmax (the first of a tie): a chain that cannot move it */
+};
+
+enum mtp_round_status {
+    MTP_ROUND_ERR_EMPTY  = -1, /* no candidate left: every logit is -inf */
+    MTP_ROUND_ERR_MEMORY = -2,
+    MTP_ROUND_ERR_CHAIN  = -3, /* the chain left its candidates outside the buffer it was given */
+};
+
+/* the most rows a round verifies (a decode's drafts and the bonus row, with room to spare) */
+#define MTP_ROUND_MAX_ROWS 64
+
+/* more candidates than this are put in id order through a bitmap over the vocabulary, not a sort */
+#define MTP_ROUND_SORT_MAX 4096
+
+/* What a round needs: the chain and how to read it, and scratch of n_vocab entries each (the caller's: a
+   buffer of a few MB mapped and unmapped per row costs as much as the row's work). */
+typedef struct mtp_round {
+    struct llama_sampler * chain;
+    int32_t n_vocab;
+    int32_t mode;             /* enum mtp_round_mode */
+    int32_t top_k;            /* > 0: the chain may start from mtp_top_k_superset's candidates */
+    int32_t stateful;         /* the chain hears every emitted token (penalties, DRY) */
+    const int32_t * banned;   /* ascending; a prefilter that kept one of them falls back to the whole row */
+    int32_t n_banned;
+    llama_token_data * data;  /* the chain's candidates */
+    int32_t * ids;            /* the prefilter's ids, then a row's candidates in ascending id */
+    double * probs;           /* their probabilities */
+    float * dense;            /* logits by id, for many candidates */
+    uint64_t * present;       /* (n_vocab + 63) / 64 words: which ids are candidates */
+    uint64_t rng[4];          /* the round's own uniform numbers (xoshiro256**), seeded by the caller */
+} mtp_round;
+
+/* xoshiro256** (Blackman and Vigna): a uniform number in [0, 1) of 53 bits; a round draws its numbers here
+   rather than from numpy, a call that costs more than the draw after a decode has swept the caches */
+static uint64_t mtp_rotl(uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
+
+static double mtp_round_uniform(mtp_round * r) {
+    uint64_t * s = r->rng;
+    const uint64_t result = mtp_rotl(s[1] * 5, 7) * 9;
+    const uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = mtp_rotl(s[3], 45);
+    return (double) (result >> 11) * 0x1.0p-53;
+}
+
+static int mtp_cmp_i32(const void * a, const void * b) {
+    const int32_t x = *(const int32_t *) a, y = *(const int32_t *) b;
+    return (x > y) - (x < y);
+}
+
+static int mtp_cmp_token_id(const void * a, const void * b) {
+    const llama_token x = ((const llama_token_data *) a)->id, y = ((const llama_token_data *) b)->id;
+    return (x > y) - (x < y);
+}
+
+/* Run the chain over row: its candidates (within r->data) and their count in *size; NULL with *err set. */
+static llama_token_data * mtp_round_chain(const mtp_round * r, const float * row, size_t * size, int32_t * err) {
+    int32_t m = -1;
+    if (r->top_k > 0) {
+        m = mtp_top_k_superset(row, r->n_vocab, r->top_k, r->ids);
+        if (m == -2) {
+            *err = MTP_ROUND_ERR_MEMORY;
+            return NULL;
+        }
+        /* a banned token among them: fewer than k of the rest may be there */
+        for (int32_t i = 0; i < m && r->n_banned > 0; ++i) {
+            if (bsearch(&r->ids[i], r->banned, r->n_banned, sizeof(int32_t), mtp_cmp_i32) != NULL) {
+                m = -1;
+            }
+        }
+    }
+    llama_token_data * d = r->data;
+    size_t n = 0;
+    if (m >= 0) { /* the same tokens survive top-k as from the whole row, in the vocabulary's order too */
+        for (int32_t i = 0; i < m; ++i) {
+            d[i].id = r->ids[i];
+            d[i].logit = row[r->ids[i]];
+            d[i].p = 0.0f;
+        }
+        n = (size_t) m;
+    } else {
+        for (int32_t i = 0; i < r->n_vocab; ++i) {
+            d[i].id = i;
+            d[i].logit = row[i];
+            d[i].p = 0.0f;
+        }
+        n = (size_t) r->n_vocab;
+    }
+    llama_token_data_array arr = { d, n, -1, false };
+    llama_sampler_apply(r->chain, &arr);
+    /* XTC moves the start of the array past the tokens it removes */
+    if (arr.data < d || arr.data + arr.size > d + r->n_vocab) {
+        *err = MTP_ROUND_ERR_CHAIN;
+        return NULL;
+    }
+    *size = arr.size;
+    return arr.data;
+}
+
+/* The distribution the chain's final dist sampler draws from: the finite candidates in ascending id
+   (r->ids) with their probabilities (r->probs, float64, summing to 1); their count, or MTP_ROUND_ERR_EMPTY. */
+static int32_t mtp_round_distribution(const mtp_round * r, llama_token_data * c, size_t size) {
+    int32_t n = 0;
+    for (size_t j = 0; j < size; ++j) { /* in place: a grammar's mask or a ban leaves -inf */
+        if (isfinite(c[j].logit)) {
+            c[n++] = c[j];
+        }
+    }
+    if (n == 0) {
+        return MTP_ROUND_ERR_EMPTY;
+    }
+    if (n <= MTP_ROUND_SORT_MAX) {
+        qsort(c, (size_t) n, sizeof(llama_token_data), mtp_cmp_token_id);
+        for (int32_t j = 0; j < n; ++j) {
+            r->ids[j] = c[j].id;
+            r->probs[j] = c[j].logit;
+        }
+    } else {
+        const int32_t n_words = (r->n_vocab + 63) / 64;
+        memset(r->present, 0, (size_t) n_words * sizeof(uint64_t));
+        for (int32_t j = 0; j < n; ++j) {
+            r->dense[c[j].id] = c[j].logit;
+            r->present[c[j].id / 64] |= (uint64_t) 1 << (c[j].id % 64);
+        }
+        int32_t o = 0;
+        for (int32_t w = 0; w < n_words; ++w) {
+            for (uint64_t bits = r->present[w]; bits != 0; bits &= bits - 1) {
+                const int32_t id = w * 64 + __builtin_ctzll(bits);
+                r->ids[o] = id;
+                r->probs[o++] = r->dense[id];
+            }
+        }
+    }
+    double top = r->probs[0];
+    for (int32_t j = 1; j < n; ++j) {
+        top = r->probs[j] > top ? r->probs[j] : top;
+    }
+    double sum = 0.0;
+    for (int32_t j = 0; j < n; ++j) {
+        r->probs[j] = exp(r->probs[j] - top);
+        sum += r->probs[j];
+    }
+    for (int32_t j = 0; j < n; ++j) {
+        r->probs[j] /= sum;
+    }
+    return n;
+}
+
+/* The index u in [0, 1) picks from p[0..n) by the inverse CDF; never an entry of probability 0. */
+static int32_t mtp_round_draw(const double * p, int32_t n, double u) {
+    double total = 0.0;
+    for (int32_t j = 0; j < n; ++j) {
+        total += p[j];
+    }
+    const double target = u * total;
+    double cum = 0.0;
+    for (int32_t j = 0; j < n; ++j) {
+        cum += p[j];
+        if (cum > target) {
+            return j;
+        }
+    }
+    for (int32_t j = n - 1; j > 0; --j) { /* the target rounded up to the total */
+        if (p[j] > 0.0) {
+            return j;
+        }
+    }
+    return 0;
+}
+
+/* One row's greedy pick: the raw argmax (the first of a tie), or the chain's highest logit (the lowest id). */
+static int32_t mtp_round_greedy(const mtp_round * r, const float * row, int32_t * err) {
+    if (r->mode == MTP_ROUND_ARGMAX) {
+        /* the first block holding the maximum, by the blocks' vectorized maxima, then its first index there */
+        const int32_t B = MTP_TOP_K_BLOCK;
+        int32_t best_block = 0;
+        float best = -INFINITY;
+        for (int32_t b = 0; b * B < r->n_vocab; ++b) {
+            const int32_t len = b * B + B <= r->n_vocab ? B : r->n_vocab - b * B;
+            const float m = mtp_block_max(row + b * B, len);
+            if (m > best || b == 0) {
+                best = m;
+                best_block = b;
+            }
+        }
+        for (int32_t i = best_block * B; i < r->n_vocab; ++i) {
+            if (row[i] == best) {
+                return i;
+            }
+        }
+        return best_block * B; /* a block of NaN: its first token, as any */
+    }
+    size_t size = 0;
+    const llama_token_data * c = mtp_round_chain(r, row, &size, err);
+    if (c == NULL) {
+        return -1;
+    }
+    if (size == 0) {
+        *err = MTP_ROUND_ERR_EMPTY;
+        return -1;
+    }
+    size_t best = 0;
+    for (size_t j = 1; j < size; ++j) {
+        if (c[j].logit > c[best].logit || (c[j].logit == c[best].logit && c[j].id < c[best].id)) {
+            best = j;
+        }
+    }
+    return c[best].id;
+}
+
+static void mtp_round_emit(const mtp_round * r, int32_t token) {
+    if (r->stateful) {
+        llama_sampler_accept(r->chain, token);
+    }
+}
+
+/* Verify drafts[0..n_rows-1) against rows[0..n_rows): row i is the target's prediction after the emitted
+   tokens and drafts[0..i). Sampled: draft i is accepted with its probability (u[2 i] below it); on a
+   rejection the token is drawn from the row's distribution without the draft (u[2 i + 1]); when every draft
+   is accepted the bonus token is drawn from the last row (u[2 n_rows - 1]). Greedy: a draft is accepted where
+   it is the row's pick; the first other pick follows. Every emitted token is heard by a stateful chain before
+   the next row is read. u NULL: the numbers come from r->rng, u[2 i] and u[2 i + 1] drawn in that order.
+   Returns the number of drafts accepted, the token after them in *out_token; or a negative enum
+   mtp_round_status. */
+static int32_t mtp_verify_round(mtp_round * r, const float * const * rows, int32_t n_rows,
+                                const int32_t * drafts, const double * u, int32_t * out_token) {
+    if (r == NULL || rows == NULL || n_rows < 1 || n_rows > MTP_ROUND_MAX_ROWS || out_token == NULL) {
+        return MTP_ROUND_ERR_CHAIN;
+    }
+    double own[2 * MTP_ROUND_MAX_ROWS];
+    if (r->mode == MTP_ROUND_SAMPLE && u == NULL) {
+        for (int32_t i = 0; i < 2 * n_rows; ++i) {
+            own[i] = mtp_round_uniform(r);
+        }
+        u = own;
+    }
+    int32_t err = 0;
+    for (int32_t i = 0; i < n_rows; ++i) {
+        const int last = i == n_rows - 1;
+        if (r->mode != MTP_ROUND_SAMPLE) {
+            const int32_t tok = mtp_round_greedy(r, rows[i], &err);
+            if (tok < 0) {
+                return err;
+            }
+            mtp_round_emit(r, tok);
+            if (last || tok != drafts[i]) {
+                *out_token = tok;
+                return i;
+            }
+            continue;
+        }
+        size_t size = 0;
+        llama_token_data * c = mtp_round_chain(r, rows[i], &size, &err);
+        if (c == NULL) {
+            return err;
+        }
+        const int32_t n = mtp_round_distribution(r, c, size);
+        if (n < 0) {
+            return n;
+        }
+        if (!last) {
+            const int32_t * hit = (const int32_t *) bsearch(&drafts[i], r->ids, (size_t) n, sizeof(int32_t), mtp_cmp_i32);
+            const double p_d = hit != NULL ? r->probs[hit - r->ids] : 0.0;
+            if (p_d > 0.0 && u[2 * i] < p_d) {
+                mtp_round_emit(r, drafts[i]);
+                continue;
+            }
+            /* the residual norm(max(p - q, 0)) of a one-hot q: p without the draft */
+            if (p_d > 0.0) {
+                r->probs[hit - r->ids] = 0.0;
+            }
+        }
+        const int32_t tok = r->ids[mtp_round_draw(r->probs, n, u[2 * i + 1])];
+        mtp_round_emit(r, tok);
+        *out_token = tok;
+        return i;
+    }
+    return MTP_ROUND_ERR_CHAIN; /* not reached: the last row returns */
+}
