@@ -233,3 +233,14 @@ def test_repacked_q6_K_gives_a_prompt_batch_the_bits_of_single_columns(mulmat_be
         pytest.skip("Q6_K is not repacked on this CPU (no AVX-512 VNNI, or another layout is chosen)")
     bad = _batch_dependent(results)
     assert not bad, "batch-dependent rounding: " + "; ".join(bad)
+
+
+# found by test_speculative's hypothesis search on the centroid fixture (prompt 'e_cxfybx_afzyz', one draft: MTP
+# parted from plain greedy at token 19): with f32 K and V and flash attention off, a decode of 2 tokens differs
+# from two single-token decodes by up to 6.4e-6 (f32 K with f16 V, f16 K with f32 V, and flash attention on are
+# exact); not fixed yet: strict, so that the fix is noticed
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="issue 23: an f32 KV cache without flash attention is not batch-invariant")
+def test_with_an_f32_cache_and_flash_attention_off_a_batched_decode_gives_exactly_the_logits_of_single_steps(
+        small_targets: dict[str, Path]) -> None:
+    bad = _batched_vs_single(small_targets["f16"], True, 4, "off", "f32")
+    assert not bad, "f32 cache: a batched decode rounds differently from single steps: " + "; ".join(bad)
