@@ -286,6 +286,13 @@ static int32_t mtp_round_distribution(const mtp_round * r, llama_token_data * c,
     return n;
 }
 
+/* n numbers of the round's generator, as a sampled round draws them (a replay of its rounds draws the same) */
+static void mtp_round_uniforms(mtp_round * r, int32_t n, double * out) {
+    for (int32_t i = 0; i < n; ++i) {
+        out[i] = mtp_round_uniform(r);
+    }
+}
+
 /* The index u in [0, 1) picks from p[0..n) by the inverse CDF; never an entry of probability 0. */
 static int32_t mtp_round_draw(const double * p, int32_t n, double u) {
     double total = 0.0;

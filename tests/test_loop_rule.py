@@ -6,7 +6,8 @@ A spy wraps the loop's verifier and rejection sampler (test-side subclasses patc
 verified. An oracle written here from the rule's definition then replays the generation from those rows
 alone -- argmax at temperature 0; at temperature > 0 Leviathan et al.'s rule for one-hot drafts (accept
 ``d`` with probability ``p(d)``, else draw from ``p`` without ``d``; the bonus token from the last row),
-with a generator seeded as the generation's -- and must emit exactly the generation's tokens. The
+with the numbers the generation's rounds draw (:class:`~mtp_bindings.generation.chain.RoundNumbers`, seeded as
+the generation's) -- and must emit exactly the generation's tokens. The
 oracle's distribution is written here too (softmax(row / T) over the whole vocabulary); the order its
 candidates are drawn in and the inverse-CDF draw are the package's one convention
 (:func:`~mtp_bindings.generation.sampling.candidate_distribution`: ascending token id;
@@ -27,7 +28,8 @@ import pytest
 from mtp_bindings.config.env import ENV_GRAPH_GREEDY
 from mtp_bindings.generation import loop
 from mtp_bindings.generation.rejection import RejectionSampler
-from mtp_bindings.generation.sampling import candidate_distribution, draw_index
+from mtp_bindings.generation.chain import RoundNumbers
+from mtp_bindings.generation.sampling import candidate_distribution, draw_index, round_seed
 from mtp_bindings.generation.verifier import Verifier
 
 PROMPTS = ["def parse_args(argv):\n", "class Queue:\n    def __init__(self):"]
@@ -74,24 +76,24 @@ class Oracle:
 
     def __init__(self, temperature: float, seed: int) -> None:
         self.t = temperature
-        self.rng = np.random.default_rng(seed)
+        # the numbers of the native rounds: two per row of each round (accept, draw), from the sampler's seed
+        self.numbers = RoundNumbers(round_seed(np.random.default_rng(seed)))
+        self.u = np.empty(0)
 
     def _dist(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # every token, its logit divided by T in float32 as llama.cpp's temperature sampler divides it
         return candidate_distribution(np.arange(row.size, dtype=np.int32), row / np.float32(self.t))
 
-    def _draw(self, probs: np.ndarray) -> int:
-        return draw_index(probs, self.rng.random())
-
-    def pick(self, row: np.ndarray) -> int:
+    def pick(self, row: np.ndarray, u: float = 0.0) -> int:
         if self.t == 0.0:
             return int(np.argmax(row))
         ids, p = self._dist(row)
-        return int(ids[self._draw(p)])
+        return int(ids[draw_index(p, u)])
 
     def round(self, drafts: list[int], rows: list[np.ndarray]) -> list[int]:
         """The tokens one round emits: the accepted drafts, then the correction or the bonus token."""
         assert len(rows) == len(drafts) + 1
+        u = self.numbers.random(2 * len(rows)) if self.t > 0.0 else np.zeros(2 * len(rows))
         for i, d in enumerate(drafts):
             if self.t == 0.0:
                 best = int(np.argmax(rows[i]))
@@ -100,17 +102,17 @@ class Oracle:
                 continue
             ids, p = self._dist(rows[i])
             p_d = float(p[ids == d][0])
-            if p_d <= 0.0 or self.rng.random() >= p_d:
+            if p_d <= 0.0 or u[2 * i] >= p_d:
                 p = p.copy()
                 p[ids == d] = 0.0
-                return drafts[:i] + [int(ids[self._draw(p / p.sum())])]
-        return drafts + [self.pick(rows[-1])]
+                return drafts[:i] + [int(ids[draw_index(p / p.sum(), u[2 * i + 1])])]
+        return drafts + [self.pick(rows[-1], u[-1])]
 
 
 def replay(spy: Spy, temperature: float, seed: int) -> list[int]:
     oracle = Oracle(temperature, seed)
     assert spy.first is not None
-    out = [oracle.pick(spy.first)]
+    out = oracle.round([], [spy.first])  # the token after the prompt: a round of one row
     for drafts, rows in spy.rounds:
         out += oracle.round(drafts, rows)
     return out

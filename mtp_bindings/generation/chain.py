@@ -231,7 +231,7 @@ class SamplerChain:
         if u is not None and (u.dtype != np.float64 or u.size < 2 * n):
             raise InvalidParameterError(f"a round needs {2 * n} float64 uniform numbers")
         rnd = self._round if self._round is not None else self._native_round(chain)
-        sc = self._scratch
+        sc = self._buffers()
         views = [ffi.from_buffer("float[]", r) for r in rows[:n]]  # alive until the call returns
         for i, v in enumerate(views):
             if len(v) != self.n_vocab:
@@ -290,6 +290,21 @@ def _seed_xoshiro(rnd: Any, seed: int) -> None:
         rnd.rng[i] = z ^ (z >> 31)
 
 
+class RoundNumbers:
+    """The uniform numbers a sampled verify round draws (``mtp_verify_round``'s generator, xoshiro256**) from
+    ``seed``, in its order: two per row, ``u[2 i]`` to accept draft ``i``, ``u[2 i + 1]`` to draw row ``i``'s
+    token, whether used or not. A replay of a generation's rounds (the tests' oracle) draws them so."""
+
+    def __init__(self, seed: int) -> None:
+        self._state = ffi.new("mtp_round *")
+        _seed_xoshiro(self._state, seed)
+
+    def random(self, n: int) -> np.ndarray:
+        out = np.empty(n, dtype=np.float64)
+        lib.mtp_round_uniforms(self._state, n, ffi.from_buffer("double[]", out))
+        return out
+
+
 class _Scratch:
     """A chain's buffers of ``n_vocab`` entries each, made once (``np.empty``: only the pages a row touches are
     mapped), and the native views of them: the candidates the samplers work on (``llama_token_data``), the
@@ -340,4 +355,4 @@ def sampler_for(params: SamplingParams, n_vocab: int, vocab: Any = None) -> Samp
     return Sampler(params, SamplerChain(params, n_vocab, vocab))
 
 
-__all__ = ["SamplerChain", "TOKEN_DATA", "native_seed", "sampler_for", "top_k_superset"]
+__all__ = ["RoundNumbers", "SamplerChain", "TOKEN_DATA", "native_seed", "sampler_for", "top_k_superset"]

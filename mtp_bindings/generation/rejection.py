@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .sampling import Sampler
+from .sampling import Sampler, round_seed
 
 if TYPE_CHECKING:
     from .constraint import TokenConstraint
@@ -44,7 +44,7 @@ class RejectionSampler:
         # Python first, and a chain of the tests' own has no native round
         self._native = getattr(sampler.chain, "verify_round", None) if constraint is None else None
         if self._native is not None and not sampler.params.greedy:  # its numbers, from the sampler's seed
-            sampler.chain.seed_rounds(int(sampler.rng.integers(0, 1 << 63)))  # type: ignore[attr-defined]
+            sampler.chain.seed_rounds(round_seed(sampler.rng))  # type: ignore[attr-defined]
 
     def verify(self, rows: Sequence[np.ndarray], drafts: Sequence[int]) -> tuple[int, int]:
         """Verify ``drafts`` against the target's ``rows`` (``len(drafts) + 1`` logits rows: row

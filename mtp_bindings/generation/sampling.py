@@ -83,6 +83,12 @@ def draw_index(probs: np.ndarray, u: float) -> int:
     return idx if idx < probs.size else int(np.flatnonzero(probs)[-1])  # the target rounded up to the total
 
 
+def round_seed(rng: np.random.Generator) -> int:
+    """The seed of a generation's native verify rounds (:class:`~.chain.RoundNumbers`), drawn from its
+    sampler's generator when the generation starts."""
+    return int(rng.integers(0, 1 << 63))
+
+
 class Sampler:
     """Samples tokens for one generation from ``chain`` (holds the seeded random generator).
 
@@ -139,4 +145,4 @@ class Sampler:
         self.chain.accept_history(tokens)
 
 
-__all__ = ["Chain", "Sampler", "SamplingParams", "candidate_distribution", "draw_index", "in_id_order"]
+__all__ = ["Chain", "Sampler", "SamplingParams", "candidate_distribution", "draw_index", "in_id_order", "round_seed"]
