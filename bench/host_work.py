@@ -10,7 +10,9 @@ and draft count (plain; 3 drafts), interleaved, ``--repeats`` runs of ``--tokens
 
 * ``sample``: the sampler's time per round (the stats' ``t_sample``: picking, or the chain and acceptance);
 * ``other``: the rest of the loop's time per round (wall time less prompt, decode/verify, drafting and
-  sampling: the loop's own bookkeeping, the KV edits' calls, the policy);
+  sampling: the loop's own bookkeeping, the KV edits' calls, the policy, handing text to the caller);
+* ``drafting``: the stats' ``t_draft`` (submitting each drafting request, with the hidden state it starts from,
+  and waiting for its drafts);
 * for greedy, the same with ``MTP_BINDINGS_GRAPH_GREEDY=0`` (picks on the host from the logits rows), the
   baseline of the graph's picks, in the same run.
 
@@ -64,7 +66,8 @@ def measure(model: Any, sampling: dict[str, Any], graph: str, k: int, tokens: in
     s = r.stats
     other = wall - s.t_prompt - s.t_verify - s.t_draft - s.t_sample
     return {"sample_us": s.t_sample / s.n_rounds * 1e6, "other_us": other / s.n_rounds * 1e6,
-            "verify_ms": s.t_verify / s.n_rounds * 1e3, "tokens_per_s": len(r.tokens) / wall,
+            "verify_ms": s.t_verify / s.n_rounds * 1e3, "draft_ms": s.t_draft / s.n_rounds * 1e3,
+            "tokens_per_s": len(r.tokens) / wall,
             "rounds": s.n_rounds}
 
 
@@ -89,11 +92,11 @@ def markdown(result: dict[str, Any]) -> str:
              f"{result['tokens']} tokens after a short prompt, medians of {result['repeats']} interleaved runs.", ""]
     for pair, cells in result["pairs"].items():
         lines += [f"## {pair}", "", "| setting | drafts | sample, us/round | other loop work, us/round | "
-                  "verify, ms/round | tokens/s |", "|---|---:|---:|---:|---:|---:|"]
+                  "verify, ms/round | drafting, ms/round | tokens/s |", "|---|---:|---:|---:|---:|---:|---:|"]
         for key, c in cells.items():
             name, k = key.split(" | ")
             lines.append(f"| {name} | {k} | {c['sample_us']:.1f} | {c['other_us']:.1f} | {c['verify_ms']:.2f} | "
-                         f"{c['tokens_per_s']:.1f} |")
+                         f"{c['draft_ms']:.2f} | {c['tokens_per_s']:.1f} |")
         lines.append("")
     return "\n".join(lines)
 

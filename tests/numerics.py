@@ -6,7 +6,7 @@ Three kinds of comparison, and which one a test needs:
 
 * **exact** -- two runs of one computation: within one model and build, MTP against plain decoding
   (every CPU kernel of a decode of 1..8 tokens rounds each row as a one-token decode does, patches
-  0101-0104, 0108, 0111-0114, 0117, 0120 and 0122: ``test_matmul_few_columns.py`` bit for bit,
+  0101-0104, 0108, 0111-0114, 0117, 0120, 0122 and 0123: ``test_matmul_few_columns.py`` bit for bit,
   ``test_cpu_variants.py`` on the haswell and zen4 variants), logprobs with and without drafting, a
   server against the same model in process. Token lists and floats are compared with ``==``.
 * **teacher-forced** -- two different computations (another weight / KV type, a scaled copy, HF): the

@@ -139,6 +139,8 @@ def test_a_round_with_too_few_rows_or_numbers_is_refused(model: Any, row: np.nda
             chain.verify_round([row, row], [1], np.zeros(2))
         with pytest.raises(InvalidParameterError, match="rows"):
             chain.verify_round([row.astype(np.float64)], [], np.zeros(2))
+        with pytest.raises(InvalidParameterError, match="rows"):
+            chain.verify_round([row.view(np.int32)], [], np.zeros(2))  # the same bytes, not logits
 
 
 def test_a_round_on_a_closed_chain_is_refused(model: Any, row: np.ndarray) -> None:

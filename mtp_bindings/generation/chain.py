@@ -234,7 +234,7 @@ class SamplerChain:
         sc = self._buffers()
         views = [ffi.from_buffer("float[]", r) for r in rows[:n]]  # alive until the call returns
         for i, v in enumerate(views):
-            if len(v) != self.n_vocab:
+            if len(v) != self.n_vocab or rows[i].dtype != np.float32:
                 raise InvalidParameterError(f"float32 logits rows of {self.n_vocab} values were expected")
             sc.rows[i] = v
         for i, t in enumerate(drafts):

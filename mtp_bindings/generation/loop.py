@@ -95,8 +95,11 @@ def token_rounds(ctx: LlamaContext, prompt: Sequence[int], sampler: Sampler, max
         # each round's k is chosen once, before depth-2 submits its drafting; a plain round (k = 0) needs no
         # hidden state, so none is copied out
         k = plan(counts.choose(), max_tokens - 1, attn_pos, n_ctx)
+        t = time.perf_counter()
         h = ctx.get_embeddings(-1) if k > 0 else None
         drafter.prepare_next(attn_pos, x, h, k)
+        # copying h out and submitting the drafting request are drafting: the next round's t_draft counts them
+        t_submit = time.perf_counter() - t
         yield [x]
         it = 0
         while stats.n_generated < max_tokens and attn_pos + 2 <= n_ctx:
@@ -109,7 +112,7 @@ def token_rounds(ctx: LlamaContext, prompt: Sequence[int], sampler: Sampler, max
                 proposal = Proposal([], "skip-nsteps" if drafting else "none")
             stats.n_skipped_rounds += proposal.skipped
             drafts = proposal.tokens
-            t_draft = time.perf_counter() - t
+            t_draft = time.perf_counter() - t + t_submit
             stats.t_draft += t_draft
             if trace:
                 tracer.event(event="mtp_draft", iter=it, path=proposal.path, seq_id=seq_id, id_last=x, k=k,
@@ -159,8 +162,10 @@ def token_rounds(ctx: LlamaContext, prompt: Sequence[int], sampler: Sampler, max
             x = y
             if stats.n_generated < max_tokens:
                 k = plan(counts.choose(), max_tokens - stats.n_generated, attn_pos, n_ctx)
+                t = time.perf_counter()
                 h = ctx.get_embeddings(h_row) if k > 0 else None  # no decode since verify: the row is there
                 drafter.prepare_next(attn_pos, x, h, k)
+                t_submit = time.perf_counter() - t
             yield accepted
         stats.hit_context_limit = stats.n_generated < max_tokens
     except BaseException as e:
