@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 # the venv's console scripts (mtp-bindings) first on PATH, for the commands and the tests they run
 RUN    := PATH="$(abspath $(VENV))/bin:$$PATH"
 # what a build depends on: a change to any of these reinstalls (tests, bench and docs do not)
-SOURCES := pyproject.toml CMakeLists.txt $(wildcard patches/*.patch build_support/*.py) \
+SOURCES := pyproject.toml CMakeLists.txt $(wildcard patches/*.patch build_support/*.py build_support/*.c) \
            $(shell find mtp_bindings -type f -not -path '*/__pycache__/*' 2>/dev/null)
 # pip shows the build's progress (-v streams CMake and ninja's [n/N] lines)
 PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check -v
