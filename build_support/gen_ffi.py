@@ -92,6 +92,7 @@ typedef struct mtp_round {
     uint64_t rng[4];
 } mtp_round;
 void mtp_round_uniforms(mtp_round * r, int32_t n, double * out);
+void mtp_sampling_use_baseline(int on);
 int32_t mtp_row_logprobs(const float * row, int32_t n, int32_t k, int32_t * scratch, int32_t * top_ids,
                          double * top_logprobs, double * out_lse);
 int32_t mtp_verify_round(mtp_round * r, const float * const * rows, int32_t n_rows, const int32_t * drafts,

@@ -492,10 +492,17 @@ static double mtp_exp_sum_avx2(const float * row, int32_t n, float top, int32_t 
 }
 #endif
 
+/* the tests' switch: the baseline path on a CPU that has AVX2 too, so that one machine checks both */
+static int mtp_exp_baseline = 0;
+
+static void mtp_sampling_use_baseline(int on) {
+    mtp_exp_baseline = on;
+}
+
 /* sum over row[0..n) of exp(row[i] - top), in float64: top is the row's maximum */
 static double mtp_exp_sum(const float * row, int32_t n, float top) {
 #if defined(MTP_HAVE_AVX2_PATH)
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if (!mtp_exp_baseline && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
         int32_t done = 0;
         double sum = mtp_exp_sum_avx2(row, n, top, &done);
         for (; done < n; ++done) {

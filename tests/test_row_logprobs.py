@@ -61,3 +61,18 @@ def test_a_recorder_gives_each_row_its_own_logprobs() -> None:
 def test_a_token_outside_the_row_is_refused(token: int) -> None:
     with pytest.raises(InvalidParameterError, match="outside"):
         log_softmax_at(np.zeros(1024, dtype=np.float32), token, 2)
+
+
+def test_the_avx2_and_the_baseline_exp_sums_agree() -> None:
+    from mtp_bindings.low_level import lib
+
+    rng = np.random.default_rng(9)
+    row = (rng.normal(size=262144) * 3.0).astype(np.float32)
+    fast = log_softmax_at(row, 5, 4)
+    lib.mtp_sampling_use_baseline(1)
+    try:
+        base = log_softmax_at(row, 5, 4)
+    finally:
+        lib.mtp_sampling_use_baseline(0)
+    assert base.logprob == pytest.approx(fast.logprob, abs=1e-6) and base.logprob == pytest.approx(reference(row)[5], abs=ATOL)
+    assert [t for t, _ in base.top] == [t for t, _ in fast.top]
