@@ -90,6 +90,8 @@ typedef struct mtp_round {
     float * dense;
     uint64_t * present;
     uint64_t rng[4];
+    const uint32_t * masks;
+    int32_t mask_words;
 } mtp_round;
 void mtp_round_uniforms(mtp_round * r, int32_t n, double * out);
 void mtp_sampling_use_baseline(int on);

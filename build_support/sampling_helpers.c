@@ -162,7 +162,14 @@ typedef struct mtp_round {
     float * dense;            /* logits by id, for many candidates */
     uint64_t * present;       /* (n_vocab + 63) / 64 words: which ids are candidates */
     uint64_t rng[4];          /* the round's own uniform numbers (xoshiro256**), seeded by the caller */
+    const uint32_t * masks;   /* NULL, or a grammar's mask per row: row i's token t is allowed where bit t % 32 of
+                                 masks[i * mask_words + t / 32] is set (llguidance's bitmask) */
+    int32_t mask_words;
 } mtp_round;
+
+static int mtp_allowed(const uint32_t * mask, int32_t t) {
+    return (mask[t >> 5] >> (t & 31)) & 1u;
+}
 
 /* xoshiro256** (Blackman and Vigna): a uniform number in [0, 1) of 53 bits; a round draws its numbers here
    rather than from numpy, a call that costs more than the draw after a decode has swept the caches */
@@ -193,14 +200,27 @@ static int mtp_cmp_token_id(const void * a, const void * b) {
     return (x > y) - (x < y);
 }
 
-/* Run the chain over row: its candidates (within r->data) and their count in *size; NULL with *err set. */
-static llama_token_data * mtp_round_chain(const mtp_round * r, const float * row, size_t * size, int32_t * err) {
+/* Run the chain over row (masked by mask, NULL for none: a forbidden token's logit is -inf): its candidates
+   (within r->data) and their count in *size; NULL with *err set. */
+static llama_token_data * mtp_round_chain(const mtp_round * r, const float * row, const uint32_t * mask, size_t * size,
+                                          int32_t * err) {
     int32_t m = -1;
     if (r->top_k > 0) {
         m = mtp_top_k_superset(row, r->n_vocab, r->top_k, r->ids);
         if (m == -2) {
             *err = MTP_ROUND_ERR_MEMORY;
             return NULL;
+        }
+        /* the grammar's allowed ones among them: if k or more remain, they hold the allowed top k (each is at
+           least the prefilter's floor, which every token left out is below) */
+        if (m >= 0 && mask != NULL) {
+            int32_t kept = 0;
+            for (int32_t i = 0; i < m; ++i) {
+                if (mtp_allowed(mask, r->ids[i])) {
+                    r->ids[kept++] = r->ids[i];
+                }
+            }
+            m = kept >= r->top_k ? kept : -1;
         }
         /* a banned token among them: fewer than k of the rest may be there */
         for (int32_t i = 0; i < m && r->n_banned > 0; ++i) {
@@ -221,7 +241,7 @@ static llama_token_data * mtp_round_chain(const mtp_round * r, const float * row
     } else {
         for (int32_t i = 0; i < r->n_vocab; ++i) {
             d[i].id = i;
-            d[i].logit = row[i];
+            d[i].logit = mask == NULL || mtp_allowed(mask, i) ? row[i] : -INFINITY;
             d[i].p = 0.0f;
         }
         n = (size_t) r->n_vocab;
@@ -316,8 +336,8 @@ static int32_t mtp_round_draw(const double * p, int32_t n, double u) {
 }
 
 /* One row's greedy pick: the raw argmax (the first of a tie), or the chain's highest logit (the lowest id). */
-static int32_t mtp_round_greedy(const mtp_round * r, const float * row, int32_t * err) {
-    if (r->mode == MTP_ROUND_ARGMAX) {
+static int32_t mtp_round_greedy(const mtp_round * r, const float * row, const uint32_t * mask, int32_t * err) {
+    if (r->mode == MTP_ROUND_ARGMAX && mask == NULL) {
         /* the first block holding the maximum, by the blocks' vectorized maxima, then its first index there */
         const int32_t B = MTP_TOP_K_BLOCK;
         int32_t best_block = 0;
@@ -338,19 +358,20 @@ static int32_t mtp_round_greedy(const mtp_round * r, const float * row, int32_t 
         return best_block * B; /* a block of NaN: its first token, as any */
     }
     size_t size = 0;
-    const llama_token_data * c = mtp_round_chain(r, row, &size, err);
+    const llama_token_data * c = mtp_round_chain(r, row, mask, &size, err);
     if (c == NULL) {
         return -1;
     }
-    if (size == 0) {
-        *err = MTP_ROUND_ERR_EMPTY;
-        return -1;
-    }
-    size_t best = 0;
-    for (size_t j = 1; j < size; ++j) {
-        if (c[j].logit > c[best].logit || (c[j].logit == c[best].logit && c[j].id < c[best].id)) {
+    size_t best = size;
+    for (size_t j = 0; j < size; ++j) { /* a masked token (-inf) is never the pick */
+        if (c[j].logit > -INFINITY && (best == size || c[j].logit > c[best].logit ||
+                                       (c[j].logit == c[best].logit && c[j].id < c[best].id))) {
             best = j;
         }
+    }
+    if (best == size) {
+        *err = MTP_ROUND_ERR_EMPTY;
+        return -1;
     }
     return c[best].id;
 }
@@ -384,8 +405,9 @@ static int32_t mtp_verify_round(mtp_round * r, const float * const * rows, int32
     int32_t err = 0;
     for (int32_t i = 0; i < n_rows; ++i) {
         const int last = i == n_rows - 1;
+        const uint32_t * mask = r->masks != NULL ? r->masks + (size_t) i * r->mask_words : NULL;
         if (r->mode != MTP_ROUND_SAMPLE) {
-            const int32_t tok = mtp_round_greedy(r, rows[i], &err);
+            const int32_t tok = mtp_round_greedy(r, rows[i], mask, &err);
             if (tok < 0) {
                 return err;
             }
@@ -397,7 +419,7 @@ static int32_t mtp_verify_round(mtp_round * r, const float * const * rows, int32
             continue;
         }
         size_t size = 0;
-        llama_token_data * c = mtp_round_chain(r, rows[i], &size, &err);
+        llama_token_data * c = mtp_round_chain(r, rows[i], mask, &size, &err);
         if (c == NULL) {
             return err;
         }

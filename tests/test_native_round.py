@@ -162,3 +162,44 @@ def test_a_greedy_round_takes_the_first_of_tied_maxima_as_numpy_does(model: Any)
     with SamplerChain(p, model.n_vocab) as chain:
         assert chain.verify_round([row], [], None) == (0, int(np.argmax(row))) == (0, 300)
         assert chain.verify_round([row, row], [300], None) == (1, 300)
+
+
+def packed(allowed: np.ndarray) -> np.ndarray:
+    """A bool mask as llguidance packs it: token t in bit t % 32 of uint32 word t // 32."""
+    bits = np.packbits(allowed, bitorder="little")
+    bits = np.concatenate([bits, np.zeros(-bits.size % 4, dtype=np.uint8)])
+    return bits.view(np.uint32)
+
+
+@pytest.mark.parametrize("few", [False, True], ids=["half-allowed", "few-allowed"])
+@pytest.mark.parametrize("name", ["defaults", "top_k_top_p", "bans", "greedy"])
+def test_a_masked_native_round_emits_what_the_rule_emits_on_masked_rows(name: str, few: bool) -> None:
+    # few allowed: fewer than k of the prefilter's candidates survive the mask, and the round reads the whole row
+    settings = {"temperature": 0.0} if name == "greedy" else BIG_SETS[name]
+    p = SamplingParams(**settings, seed=2).resolved(N_CTX)
+    base = big_row(5, floor_ties=False)
+    out = []
+    for native in (True, False):
+        emitted = []
+        r = np.random.default_rng(6)
+        with sampler_for(p, BIG_V) as s:
+            for _ in range(10):
+                rows = [np.roll(base, int(r.integers(0, 3))) for _ in range(4)]
+                allowed = [r.random(BIG_V) < (0.0001 if few else 0.5) for _ in range(4)]
+                for a, row in zip(allowed, rows):
+                    a[np.argsort(-row)[:2]] = True  # the drafts below are allowed
+                drafts = [int(np.argsort(-row)[int(r.integers(0, 2))]) for row in rows[:3]]
+                u = r.random(8)
+                if native:
+                    masks = np.stack([packed(a) for a in allowed])
+                    emitted.append(s.chain.verify_round(rows, drafts, None if p.greedy else u, masks))
+                else:
+                    masked = [np.where(a, row, np.float32(-np.inf)).astype(np.float32) for a, row in zip(allowed, rows)]
+                    emitted.append(numpy_round(s, masked, drafts, u))
+        out.append(emitted)
+    assert out[0] == out[1]
+
+
+def test_masks_of_another_shape_are_refused(model: Any, row: np.ndarray) -> None:
+    with SamplerChain(params("defaults"), model.n_vocab) as chain, pytest.raises(InvalidParameterError, match="masks"):
+        chain.verify_round([row], [], np.zeros(2), np.zeros((1, 3), dtype=np.uint32))

@@ -32,7 +32,7 @@ import numpy as np
 from ..native._native import ffi, lib
 from ..exceptions import InvalidParameterError
 from ..config.params import SamplingParams
-from .sampling import Sampler
+from .sampling import NoCandidateError, Sampler
 
 logger = logging.getLogger(__name__)
 
@@ -216,13 +216,15 @@ class SamplerChain:
         return out["id"].copy(), out["logit"].copy()
 
     def verify_round(self, rows: Sequence[np.ndarray], drafts: Sequence[int],
-                     u: np.ndarray | None = None) -> tuple[int, int]:
+                     u: np.ndarray | None = None, masks: np.ndarray | None = None) -> tuple[int, int]:
         """One verify round in C (``mtp_verify_round``): what :class:`~.rejection.RejectionSampler` does with
         this chain's distribution, reading each row once and calling no numpy per row (after a decode has swept
         the caches each numpy call costs tens of microseconds). ``rows``: ``len(drafts) + 1`` float32 rows
         (row ``i`` predicts the token after ``drafts[:i]``). The uniform numbers: draft ``i`` is accepted where
         ``u[2 i]`` is below its probability and a token is drawn with ``u[2 i + 1]``; ``u`` None (the loop's
-        way): the chain's own generator draws them, seeded with ``seed`` (see :meth:`seed_rounds`). The chain
+        way): the chain's own generator draws them, seeded with ``seed`` (see :meth:`seed_rounds`). ``masks``: a
+        grammar's packed mask per row (uint32, ``len(rows)`` rows of ``ceil(n_vocab / 32)`` words: see
+        :meth:`~.constraint.TokenConstraint.round_masks`), forbidden tokens' logits taken as -inf. The chain
         hears every emitted token. Returns ``(n_accepted, next_token)``."""
         chain = self.ptr  # raises once closed
         n = len(drafts) + 1
@@ -239,12 +241,23 @@ class SamplerChain:
             sc.rows[i] = v
         for i, t in enumerate(drafts):
             sc.drafts[i] = t
-        rc = lib.mtp_verify_round(rnd, sc.rows, n, sc.drafts, ffi.NULL if u is None else ffi.from_buffer("double[]", u),
-                                  sc.out)
+        if masks is not None:
+            words = (self.n_vocab + 31) // 32
+            if masks.dtype != np.uint32 or masks.ndim != 2 or masks.shape[0] < n or masks.shape[1] != words:
+                raise InvalidParameterError(f"{n} masks of {words} uint32 words were expected")
+            masks = np.ascontiguousarray(masks)
+            rnd.masks = ffi.from_buffer("uint32_t[]", masks)
+            rnd.mask_words = words
+        try:
+            rc = lib.mtp_verify_round(rnd, sc.rows, n, sc.drafts,
+                                      ffi.NULL if u is None else ffi.from_buffer("double[]", u), sc.out)
+        finally:
+            if masks is not None:
+                rnd.masks = ffi.NULL
         if rc >= 0:
             return rc, sc.out[0]
         if rc == lib.MTP_ROUND_ERR_EMPTY:
-            raise ValueError("no candidate token is left (every logit is -inf)")
+            raise NoCandidateError("no candidate token is left (every logit is -inf)")
         if rc == lib.MTP_ROUND_ERR_MEMORY:
             raise MemoryError("no memory for the top-k prefilter's block maxima")
         raise RuntimeError(f"the sampler chain left candidates outside its buffer (status {rc})")

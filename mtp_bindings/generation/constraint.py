@@ -4,8 +4,9 @@ token masks (issue 16, item 3).
 A :class:`Grammar` is a compiled, model-independent grammar (from a JSON schema, a GBNF or Lark
 grammar, or "any JSON object"); a :class:`TokenConstraint` is one generation's matcher of it over
 the model's vocabulary. The rejection sampler consults the constraint for every row it reads:
-row ``i`` of a verify decode is masked (disallowed tokens' logits set to -inf, on a copy) in the
-matcher's state after ``drafts[:i]``, so a draft the grammar forbids has probability 0 and is
+row ``i`` of a verify decode is masked (disallowed tokens' logits set to -inf) in the matcher's state
+after ``drafts[:i]`` (all of a round's masks computed at once, :meth:`TokenConstraint.round_masks`, and
+applied in C by the round itself; :meth:`TokenConstraint.mask` masks a copy, for the numpy path), so a draft the grammar forbids has probability 0 and is
 rejected, and the token drawn instead is one the grammar allows. A draft enters the matcher only
 once it is accepted, so the matcher always holds exactly the emitted tokens; :meth:`rollback`
 undoes consumed tokens for a caller that takes some back. At the end of the grammar only the
@@ -186,6 +187,34 @@ class TokenConstraint:
         """Which tokens the grammar allows next (bool per token)."""
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
         return np.unpackbits(bits, bitorder="little")[: self.n_vocab].view(np.bool_)
+
+    def bitmask(self) -> np.ndarray:
+        """llguidance's mask of the tokens the grammar allows next, packed: token ``t`` is allowed where bit
+        ``t % 32`` of word ``t // 32`` is set (uint32, ``ceil(n_vocab / 32)`` words)."""
+        words = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint32)
+        if words.size * 32 < self.n_vocab:
+            raise MTPBindingsError(f"llguidance's mask covers {words.size * 32} tokens, the vocabulary {self.n_vocab}")
+        self.n_masks += 1
+        return words[: (self.n_vocab + 31) // 32]
+
+    def round_masks(self, drafts: list[int]) -> np.ndarray:
+        """The masks of a verify round's rows, all at once: row ``i`` in the state after ``drafts[:i]``, up to
+        the first draft the grammar forbids (the rows after it are never read: that draft has probability 0),
+        the matcher taken back to where it was. One row of uint32 words per mask (:meth:`bitmask`)."""
+        masks = [self.bitmask()]
+        consumed = 0
+        try:
+            for d in drafts:
+                m = masks[-1]
+                if not (0 <= d < self.n_vocab and (int(m[d >> 5]) >> (d & 31)) & 1):
+                    break
+                if not self.matcher.consume_token(int(d)):
+                    break
+                consumed += 1
+                masks.append(self.bitmask())
+        finally:
+            self.rollback(consumed)
+        return np.stack(masks)
 
     def mask(self, row: np.ndarray) -> np.ndarray:
         """A copy of the logits ``row`` with every token the grammar forbids next at -inf."""

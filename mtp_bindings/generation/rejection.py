@@ -7,8 +7,9 @@ accepted the bonus token is drawn from the last row. ``p_i`` is the sampler chai
 (:mod:`.sampling`: llama-server's samplers), computed on its candidates only; the chain has heard the
 drafts accepted before row ``i`` (penalties, DRY), so accepted tokens are distributed exactly as
 one-at-a-time sampling. At temperature 0 both reduce to the greedy pick (greedy equivalence). With
-llama.cpp's chain and no grammar, the round runs in C (:meth:`~.chain.SamplerChain.verify_round`, the same
-rule over the same distribution, each row read once); otherwise in numpy, here.
+llama.cpp's chain the round runs in C (:meth:`~.chain.SamplerChain.verify_round`, the same rule over the
+same distribution, each row read once, a grammar's masks of all its rows computed first); with a chain of the
+tests' own, in numpy, here.
 
 With a grammar (:class:`~.constraint.TokenConstraint`) every row is masked in the grammar's state
 after the tokens before it, so a draft the grammar forbids has probability 0 and is rejected; a
@@ -23,7 +24,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .sampling import Sampler, round_seed
+from ..exceptions import MTPBindingsError
+from .sampling import NoCandidateError, Sampler, round_seed
 
 if TYPE_CHECKING:
     from .constraint import TokenConstraint
@@ -40,9 +42,10 @@ class RejectionSampler:
     def __init__(self, sampler: Sampler, constraint: TokenConstraint | None = None) -> None:
         self.sampler = sampler
         self.constraint = constraint
-        # llama.cpp's chain verifies a whole round in C (SamplerChain.verify_round); a grammar masks rows in
-        # Python first, and a chain of the tests' own has no native round
-        self._native = getattr(sampler.chain, "verify_round", None) if constraint is None else None
+        # llama.cpp's chain verifies a whole round in C (SamplerChain.verify_round), a grammar's masks of its rows
+        # with it; a chain (or a constraint) of the tests' own goes the numpy way
+        native = constraint is None or hasattr(constraint, "round_masks")
+        self._native = getattr(sampler.chain, "verify_round", None) if native else None
         if self._native is not None and not sampler.params.greedy:  # its numbers, from the sampler's seed
             sampler.chain.seed_rounds(round_seed(sampler.rng))  # type: ignore[attr-defined]
 
@@ -54,7 +57,7 @@ class RejectionSampler:
         ``next_token`` follows them (the correction on a rejection, the bonus otherwise).
         """
         if self._native is not None:
-            return self._native(rows, drafts)
+            return self._native_round(rows, drafts)
         sampler = self.sampler
         for i, d in enumerate(drafts):
             row = rows[i] if self.constraint is None else self.constraint.mask(rows[i])
@@ -76,6 +79,22 @@ class RejectionSampler:
             self._emit(int(d))
         return len(drafts), self.sample(rows[len(drafts)])
 
+    def _native_round(self, rows: Sequence[np.ndarray], drafts: Sequence[int]) -> tuple[int, int]:
+        c = self.constraint
+        if c is None:
+            return self._native(rows, drafts)  # type: ignore[misc]
+        # the rows up to the first draft the grammar forbids: that draft has probability 0 there, so a draw
+        # from the row is the rejection's draw (the same number, u[2 i + 1])
+        masks = c.round_masks(list(drafts))
+        n = masks.shape[0]
+        try:
+            n_acc, y = self._native(rows[:n], drafts[:n - 1], None, masks)  # type: ignore[misc]
+        except NoCandidateError:
+            raise MTPBindingsError(f"the grammar allows no next token: {c.matcher.get_error() or 'dead end'}") from None
+        for t in list(drafts[:n_acc]) + [y]:
+            c.consume(t)
+        return n_acc, y
+
     def verify_picks(self, picks: Sequence[int], drafts: Sequence[int]) -> tuple[int, int]:
         """:meth:`verify` at temperature 0 with a chain that cannot change the argmax, given each row's
         argmax (``picks``, taken in the graph) instead of the rows: the same tokens, no row read."""
@@ -93,7 +112,7 @@ class RejectionSampler:
         """One token from one logits row (the first token after the prompt, or the bonus token
         after the accepted drafts), masked by the constraint if there is one."""
         if self._native is not None:
-            return self._native([row], [])[1]
+            return self._native_round([row], [])[1]
         if self.constraint is not None:
             row = self.constraint.mask(row)
         return self._emit(self.sampler.sample(row))

@@ -23,6 +23,10 @@ from ..config.params import SamplingParams
 _SORT_MAX = 4096  # more candidates than this are put in id order by a scatter over the vocabulary, not a sort
 
 
+class NoCandidateError(ValueError):
+    """Every token of a row is out: its logits are all -inf (a grammar's mask, bans)."""
+
+
 class Chain(Protocol):
     """What a sampler needs of a sampler chain (:class:`~.chain.SamplerChain` is the real one)."""
 
@@ -66,7 +70,7 @@ def candidate_distribution(ids: np.ndarray, logits: np.ndarray) -> tuple[np.ndar
     if not finite.all():
         ids, logits = ids[finite], logits[finite]
     if ids.size == 0:
-        raise ValueError("no candidate token is left (every logit is -inf)")
+        raise NoCandidateError("no candidate token is left (every logit is -inf)")
     ids, logits = in_id_order(ids, logits)
     z = logits.astype(np.float64)
     z -= z.max()
@@ -145,4 +149,4 @@ class Sampler:
         self.chain.accept_history(tokens)
 
 
-__all__ = ["Chain", "Sampler", "SamplingParams", "candidate_distribution", "draw_index", "in_id_order", "round_seed"]
+__all__ = ["Chain", "NoCandidateError", "Sampler", "SamplingParams", "candidate_distribution", "draw_index", "in_id_order", "round_seed"]
