@@ -100,14 +100,16 @@ int32_t mtp_row_logprobs(const float * row, int32_t n, int32_t k, int32_t * scra
 int32_t mtp_verify_round(mtp_round * r, const float * const * rows, int32_t n_rows, const int32_t * drafts,
                          const double * u, int32_t * out_token);
 """
-# the module's own C helpers (sampling at a 262,144-token vocabulary): a C file of ours, beside this script
-HELPERS_C = Path(__file__).resolve().parent / "sampling_helpers.c"
+# the module's own C helpers (sampling at a 262,144-token vocabulary): C files of ours, beside this script,
+# appended in this order (each may use what the ones before it define)
+HELPERS_C = [Path(__file__).resolve().parent / name
+             for name in ("sampling_prefilter.c", "sampling_round.c", "sampling_logprobs.c")]
 CSRC = """
 #include "llama.h"
 static void mtp_log_silent(enum ggml_log_level level, const char * text, void * user_data) {
     (void) level; (void) text; (void) user_data;
 }
-""" + f'static const char * mtp_llama_cpp_commit(void) {{ return "{PINNED_COMMIT}"; }}\n' + HELPERS_C.read_text()
+""" + f'static const char * mtp_llama_cpp_commit(void) {{ return "{PINNED_COMMIT}"; }}\n' + "".join(p.read_text() for p in HELPERS_C)
 
 
 def preprocess(llama_src: Path, cc: str) -> str:

@@ -8,7 +8,7 @@ equals the one-token decode's row bit for bit (see :func:`mtp_bindings.config.pa
 so MTP on and off give the same logprobs.
 
 Cost: only when asked for, and only for emitted rows: one C call per token (``mtp_row_logprobs`` in
-``build_support/sampling_helpers.c``): the row's maximum (with the alternatives, from the top-k prefilter's
+``build_support/sampling_logprobs.c``): the row's maximum (with the alternatives, from the top-k prefilter's
 few candidates), then one vectorized exp-sum over the vocabulary in float64; no sort, no temporary rows (numpy
 took 0.55-0.86 ms a token at 262,144 tokens).
 """
