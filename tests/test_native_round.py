@@ -1,8 +1,9 @@
-"""The verify round in C (``SamplerChain.verify_round``, what ``RejectionSampler`` runs over llama.cpp's chain
-without a grammar) is the rule of exact speculative sampling over the chain's distribution: given the same
+"""The verify round in C (``SamplerChain.verify_round``, what ``RejectionSampler`` runs over llama.cpp's chain,
+a grammar's masks included) is the rule of exact speculative sampling over the chain's distribution: given the same
 uniform numbers it emits the tokens a plain numpy reading of the rule emits (the reference below, built from
 the chain's candidates and our softmax); its one-row draws have llama-server's distribution; greedy rounds
-pick what the chain picks at temperature 0; and a stateful chain hears exactly the emitted tokens.
+pick what the chain picks at temperature 0 (that a stateful chain hears exactly the emitted tokens is
+test_sampler_chain's test of the rejection sampler, which runs this round).
 """
 
 from __future__ import annotations
@@ -111,24 +112,6 @@ def test_one_row_native_rounds_draw_llama_servers_distribution(model: Any, row: 
             counts[s.chain.verify_round([row], [], s.rng.random(2))[1]] += 1
     ours = tv(ref, coarse(counts, row))
     assert ours < 1.5 * floor + 0.005, (name, ours, floor)
-
-
-def test_a_stateful_native_round_leaves_the_chain_having_heard_exactly_the_emitted_tokens(
-        model: Any, row: np.ndarray) -> None:
-    p = SamplingParams(**SETS["penalties"], dry_multiplier=0.8, seed=3).resolved(N_CTX)
-    hist = history_for(row)
-    rng = np.random.default_rng(4)
-    with sampler_for(p, model.n_vocab, model.vocab) as s:
-        s.accept_history(hist)
-        emitted: list[int] = []
-        for _ in range(30):
-            drafts = [int(t) for t in np.argsort(-row)[:3]]
-            n_acc, y = s.chain.verify_round([np.roll(row, i) for i in range(4)], drafts, rng.random(8))
-            emitted += drafts[:n_acc] + [y]
-        with SamplerChain(p, model.n_vocab, model.vocab) as fresh:
-            fresh.accept_history(hist + emitted)
-            ours, theirs = s.chain.apply(row), fresh.apply(row)
-            assert all(np.array_equal(a, b) for a, b in zip(ours, theirs))
 
 
 def test_a_round_with_too_few_rows_or_numbers_is_refused(model: Any, row: np.ndarray) -> None:
