@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from mtp_bindings import Model
+from mtp_bindings.exceptions import TokenizeError
 from numerics import TOL
 
 
@@ -45,6 +46,18 @@ def test_token_pieces_concatenate_to_the_text(dense_model):
     text = "import os\nprint(os.getcwd())"
     toks = dense_model.tokenize(text, add_special=False)
     assert b"".join(dense_model.token_to_piece(t) for t in toks).decode() == text
+
+
+@pytest.mark.parametrize("bad", [-1, 10**6, True, 2.0])
+def test_token_to_piece_refuses_what_is_not_a_token_id(dense_model, bad):
+    dense_model.token_to_piece(1), dense_model.token_to_piece(2)  # cached: True and 2.0 hash as 1 and 2
+    with pytest.raises(TokenizeError):
+        dense_model.token_to_piece(bad)
+
+
+def test_token_to_piece_takes_a_numpy_id_as_the_same_token(dense_model):
+    tok = dense_model.tokenize("print", add_special=False)[0]
+    assert dense_model.token_to_piece(np.int32(tok)) == dense_model.token_to_piece(tok)
 
 
 def test_progress_callback_sees_load_complete(dense_target_path):

@@ -112,11 +112,16 @@ class ModelVocabulary(NativeHandle):
 
     def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
         """The bytes one token renders to (may be a partial UTF-8 sequence)."""
+        if type(token) is not int:  # before the cache: True or 2.0 would find token 1's or 2's piece there
+            token = int(self.check_tokens([token])[0])
         key = token if not special else ~token
         cached = self._piece_cache.get(key)
         if cached is not None:
             return cached
-        self.check_tokens([token])
+        # a token seen first: checked in pure Python (numpy's check of one id, on caches a decode has just swept,
+        # was most of a generation's text work per token at Gemma 4's vocabulary)
+        if not 0 <= token < self._n_vocab:
+            raise TokenizeError(f"token id {token} is outside the vocabulary [0, {self._n_vocab})")
         buf, n = read_grown("char[]", 32, lambda b, size: lib.llama_token_to_piece(self.vocab, token, b, size, 0, special),
                             negative_needs)
         piece = ffi.unpack(buf, n)
