@@ -93,6 +93,7 @@ typedef struct mtp_round {
     const uint32_t * masks;
     int32_t mask_words;
 } mtp_round;
+void mtp_round_seed(mtp_round * r, uint64_t seed);
 void mtp_round_uniforms(mtp_round * r, int32_t n, double * out);
 void mtp_sampling_use_baseline(int on);
 int32_t mtp_row_logprobs(const float * row, int32_t n, int32_t k, int32_t * scratch, int32_t * top_ids,

@@ -146,11 +146,7 @@ static int32_t mtp_row_logprobs(const float * row, int32_t n, int32_t k, int32_t
             top = row[scratch[j]] > top ? row[scratch[j]] : top;
         }
     } else {
-        for (int32_t b = 0; b * MTP_TOP_K_BLOCK < n; ++b) {
-            const int32_t len = b * MTP_TOP_K_BLOCK + MTP_TOP_K_BLOCK <= n ? MTP_TOP_K_BLOCK : n - b * MTP_TOP_K_BLOCK;
-            const float bm = mtp_block_max(row + b * MTP_TOP_K_BLOCK, len);
-            top = bm > top ? bm : top;
-        }
+        top = mtp_row_max(row, n, NULL);
     }
     const double lse = (double) top + log(mtp_exp_sum(row, n, top));
     *out_lse = lse;

@@ -2,6 +2,7 @@
    maxima it and the others use. C compiled into the cffi module: build_support/gen_ffi.py appends the
    build_support/sampling_*.c files to the module's source after llama.h, in the order of HELPERS_C there. At
    Gemma 4's 262,144 tokens numpy took 90-220 us a row for what is one pass over the row here. */
+#include <math.h>
 #include <stdlib.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -48,6 +49,24 @@ static float mtp_block_max(const float * x, int32_t n) {
         m = x[i] > m ? x[i] : m;
     }
     return m;
+}
+
+/* the maximum of row[0..n), and in *block the first MTP_TOP_K_BLOCK-token block that holds it (NULL: not asked) */
+static float mtp_row_max(const float * row, int32_t n, int32_t * block) {
+    float best = -INFINITY;
+    int32_t best_block = 0;
+    for (int32_t b = 0; b * MTP_TOP_K_BLOCK < n; ++b) {
+        const int32_t len = b * MTP_TOP_K_BLOCK + MTP_TOP_K_BLOCK <= n ? MTP_TOP_K_BLOCK : n - b * MTP_TOP_K_BLOCK;
+        const float m = mtp_block_max(row + b * MTP_TOP_K_BLOCK, len);
+        if (m > best || b == 0) {
+            best = m;
+            best_block = b;
+        }
+    }
+    if (block != NULL) {
+        *block = best_block;
+    }
+    return best;
 }
 
 /* the k-th highest of a[0..n) (1 <= k <= n), reordering a: Hoare's selection */

@@ -54,6 +54,17 @@ static uint64_t mtp_rotl(uint64_t x, int k) {
     return (x << k) | (x >> (64 - k));
 }
 
+/* the generator's state from a 64-bit seed, spread by splitmix64 (as xoshiro's authors advise) */
+static void mtp_round_seed(mtp_round * r, uint64_t seed) {
+    for (int i = 0; i < 4; ++i) {
+        seed += 0x9E3779B97F4A7C15ull;
+        uint64_t z = seed;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        r->rng[i] = z ^ (z >> 31);
+    }
+}
+
 static double mtp_round_uniform(mtp_round * r) {
     uint64_t * s = r->rng;
     const uint64_t result = mtp_rotl(s[1] * 5, 7) * 9;
@@ -216,23 +227,14 @@ static int32_t mtp_round_draw(const double * p, int32_t n, double u) {
 static int32_t mtp_round_greedy(const mtp_round * r, const float * row, const uint32_t * mask, int32_t * err) {
     if (r->mode == MTP_ROUND_ARGMAX && mask == NULL) {
         /* the first block holding the maximum, by the blocks' vectorized maxima, then its first index there */
-        const int32_t B = MTP_TOP_K_BLOCK;
-        int32_t best_block = 0;
-        float best = -INFINITY;
-        for (int32_t b = 0; b * B < r->n_vocab; ++b) {
-            const int32_t len = b * B + B <= r->n_vocab ? B : r->n_vocab - b * B;
-            const float m = mtp_block_max(row + b * B, len);
-            if (m > best || b == 0) {
-                best = m;
-                best_block = b;
-            }
-        }
-        for (int32_t i = best_block * B; i < r->n_vocab; ++i) {
+        int32_t block = 0;
+        const float best = mtp_row_max(row, r->n_vocab, &block);
+        for (int32_t i = block * MTP_TOP_K_BLOCK; i < r->n_vocab; ++i) {
             if (row[i] == best) {
                 return i;
             }
         }
-        return best_block * B; /* a block of NaN: its first token, as any */
+        return block * MTP_TOP_K_BLOCK; /* a block of NaN: its first token, as any */
     }
     size_t size = 0;
     const llama_token_data * c = mtp_round_chain(r, row, mask, &size, err);

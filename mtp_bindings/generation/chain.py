@@ -232,7 +232,7 @@ class SamplerChain:
             raise InvalidParameterError(f"{n} logits rows were expected (at most {lib.MTP_ROUND_MAX_ROWS})")
         if u is not None and (u.dtype != np.float64 or u.size < 2 * n):
             raise InvalidParameterError(f"a round needs {2 * n} float64 uniform numbers")
-        rnd = self._round if self._round is not None else self._native_round(chain)
+        rnd = self._native_round(chain)
         sc = self._buffers()
         views = [ffi.from_buffer("float[]", r) for r in rows[:n]]  # alive until the call returns
         for i, v in enumerate(views):
@@ -265,7 +265,7 @@ class SamplerChain:
     def seed_rounds(self, seed: int) -> None:
         """Seed the generator :meth:`verify_round` draws its uniform numbers from (until then: the request's
         seed, or a random one)."""
-        _seed_xoshiro(self._round if self._round is not None else self._native_round(self.ptr), seed)
+        lib.mtp_round_seed(self._native_round(self.ptr), int(seed) & _MASK64)
 
     def _native_round(self, chain: Any) -> Any:
         if self._round is None:
@@ -279,28 +279,17 @@ class SamplerChain:
                 rnd.mode = lib.MTP_ROUND_GREEDY_CHAIN if self.changes_argmax else lib.MTP_ROUND_ARGMAX
             rnd.top_k = self.params.top_k if self._top_k_first else 0
             rnd.stateful = self.stateful
-            sc.banned = ffi.from_buffer("int32_t[]", self._banned)
-            rnd.banned = sc.banned
+            rnd.banned = ffi.from_buffer("int32_t[]", self._banned)
             rnd.n_banned = self._banned.size
             rnd.data = sc.data
             rnd.ids = ffi.from_buffer("int32_t[]", sc.ids)
             rnd.probs = ffi.from_buffer("double[]", sc.probs)
             rnd.dense = ffi.from_buffer("float[]", sc.dense)
             rnd.present = ffi.from_buffer("uint64_t[]", sc.present)
-            sc.keep = [rnd.ids, rnd.probs, rnd.dense, rnd.present]  # the views the struct points into
+            sc.keep = [rnd.banned, rnd.ids, rnd.probs, rnd.dense, rnd.present]  # the views the struct points into
             self._round = rnd
-            _seed_xoshiro(rnd, self.params.seed if self.params.seed is not None else secrets.randbits(64))
+            lib.mtp_round_seed(rnd, (self.params.seed if self.params.seed is not None else secrets.randbits(64)) & _MASK64)
         return self._round
-
-
-def _seed_xoshiro(rnd: Any, seed: int) -> None:
-    """A native round's xoshiro256** state from a 64-bit seed, spread by splitmix64 (as its authors advise)."""
-    x = int(seed) & _MASK64
-    for i in range(4):
-        x = (x + 0x9E3779B97F4A7C15) & _MASK64
-        z = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-        rnd.rng[i] = z ^ (z >> 31)
 
 
 class RoundNumbers:
@@ -310,7 +299,7 @@ class RoundNumbers:
 
     def __init__(self, seed: int) -> None:
         self._state = ffi.new("mtp_round *")
-        _seed_xoshiro(self._state, seed)
+        lib.mtp_round_seed(self._state, int(seed) & _MASK64)
 
     def random(self, n: int) -> np.ndarray:
         out = np.empty(n, dtype=np.float64)
@@ -320,8 +309,8 @@ class RoundNumbers:
 
 class _Scratch:
     """A chain's buffers of ``n_vocab`` entries each, made once (``np.empty``: only the pages a row touches are
-    mapped), and the native views of them: the candidates the samplers work on (``llama_token_data``), the
-    prefilter's ids, and the native round's probabilities, logits by id and bitmap of ids."""
+    mapped), which the native round (``mtp_round``) points into: the candidates the samplers work on
+    (``llama_token_data``), the prefilter's ids, the round's probabilities, logits by id and bitmap of ids."""
 
     def __init__(self, n_vocab: int) -> None:
         self.buf = np.empty(n_vocab, dtype=TOKEN_DATA)
@@ -332,7 +321,6 @@ class _Scratch:
         self.data = ffi.from_buffer("llama_token_data[]", self.buf)  # keeps the buffer's view alive
         self.addr = int(ffi.cast("uintptr_t", self.data))
         self.arr = ffi.new("llama_token_data_array *")
-        self.banned: Any = None
         self.keep: list[Any] = []
         self.rows: Any = ffi.new("float *[]", lib.MTP_ROUND_MAX_ROWS)  # a round's row pointers, drafts and token
         self.drafts: Any = ffi.new("int32_t[]", lib.MTP_ROUND_MAX_ROWS)
