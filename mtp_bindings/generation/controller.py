@@ -7,8 +7,8 @@ second, ``E(k) / T(k)``:
 * ``E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 .. a_k``, with ``a_i`` the running estimate of the chance
   that draft ``i`` is accepted once drafts ``1..i-1`` were (exponentially forgetting, so it follows
   the text; it starts from what earlier requests on this context measured, else a prior);
-* ``T(k)``: a running estimate of what whole rounds with ``k`` drafts took on this context, start to
-  start (the caller's own time between rounds included, and what drafting beside it costs: on a
+* ``T(k)``: a running estimate of what whole rounds with ``k`` drafts took on this context, end to
+  end (the caller's own time between rounds included, and what drafting beside it costs: on a
   host-bound pair that is most of it); for a ``k`` not yet seen, the nearest seen one's, moved by
   its parts ``V(k + 1) + D(k) + S (k + 1) + H``: the target's decode of ``k + 1`` rows, the wait
   for ``k`` drafts, sampling per row and the rest, each a running estimate too (:class:`.costs.CostModel`,
@@ -31,6 +31,7 @@ changes how much is drafted, so the output stays what plain decoding gives. Pure
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol
@@ -44,7 +45,7 @@ ACCEPT_BONUS = 0.5        # standard errors added to each estimate when choosing
 PROBE_MIN = 8             # rounds between probes of one more draft, at first ...
 PROBE_MAX = 32            # ... and at most, after probes that changed nothing,
 PROBE_BUDGET = 0.01       # ... unless a probe costs more than this share of the time between probes
-PLAIN_SAMPLE = 4          # while a choice of 0 stands, one plain round in this many is measured
+PLAIN_SAMPLE = 8          # while a choice of 0 stands, plain rounds are measured this many at a time
 
 
 class Acceptance:
@@ -86,16 +87,20 @@ class Acceptance:
 
 
 class DraftCount(Protocol):
-    """What the loop asks of a draft-count policy."""
+    """What the loop asks of a draft-count policy: at most one call per round, none during a ``lease`` (on a
+    pair whose plain round takes 0.2 ms, each call after a decode cost 1.5-3 us, caches cold: three a round
+    were 3 % of it)."""
 
-    def begin_round(self) -> None:
-        """A round starts (the clock of the rest of a round)."""
+    lease: int
+    """Rounds after the last choice that repeat it without a call to :meth:`after`; the next call
+    reports the last of them and covers them all (their time, the clock of the costs' age)."""
 
-    def choose(self) -> int:
-        """The drafts wanted for the next round (before the loop's limits)."""
+    def first(self) -> int:
+        """The drafts of a request's first round (before the loop's limits); its clock starts."""
 
-    def observe(self, cost: RoundCost, n_accepted: int) -> None:
-        """One round's outcome and costs."""
+    def after(self, k: int, n_accepted: int, draft: float, verify: float, sample: float) -> int:
+        """A round with ``k`` drafts kept ``n_accepted``; what its parts took (seconds: the wait for the
+        drafts, the target's decode, the sampler). Returns the drafts wanted for the next round."""
 
     def finish(self) -> dict[str, Any] | None:
         """End of the request: what the policy estimated (for the stats), or None."""
@@ -106,15 +111,16 @@ class FixedCount:
 
     def __init__(self, k: int) -> None:
         self.k = k
+        self.lease = sys.maxsize  # nothing to learn: never asked again
 
-    def begin_round(self) -> None:
-        pass
+    def first(self) -> int:
+        return self.k
+
+    def after(self, k: int, n_accepted: int, draft: float, verify: float, sample: float) -> int:
+        return self.k
 
     def choose(self) -> int:
         return self.k
-
-    def observe(self, cost: RoundCost, n_accepted: int) -> None:
-        pass
 
     def finish(self) -> dict[str, Any] | None:
         return None
@@ -143,8 +149,9 @@ class AutoCount:
         self.down_to_plain = True  # the next probe down goes to plain decoding (they alternate with one fewer draft)
         self.plain_wanted = False  # plain rounds until one is measured (a cold start, a probe down to plain)
         self.plain_rounds = 0  # plain rounds while a choice of 0 stood (PLAIN_SAMPLE)
-        self.start = clock()
-        self.last: tuple[float, RoundCost] | None = None  # the round just observed: its start and costs
+        self.lease = 0
+        self.mark = clock()  # the end of the round before (a round's time runs end to end, the caller's included)
+        self.last_rates: list[float] | None = None  # of the last full choice (for the stats)
 
     def costs_and_rates(self) -> tuple[list[float], list[float]]:
         """T(k) and expected tokens per second for each k in ``0..k_max``."""
@@ -158,8 +165,7 @@ class AutoCount:
 
     def choose(self) -> int:
         rounds_seen = self.costs.measured("total")  # not .total: that takes the medians, this is every round
-        # a plain round just measured has its total recorded when the next round begins, after this choice
-        plain_seen = 0 in rounds_seen or (self.last is not None and self.last[1].k == 0)
+        plain_seen = 0 in rounds_seen
         if self.plain_wanted or (not plain_seen and (rounds_seen or self.tried[0])):
             # Plain rounds until one is measured: asked by a probe down to plain decoding, or because drafting has
             # begun on this context and no plain round was ever measured (T(0) would be T(k) less the parts'
@@ -175,6 +181,7 @@ class AutoCount:
             return self.best
         self.drafted = False
         costs, rates = self.costs_and_rates()
+        self.last_rates = rates
         best = max(range(len(rates)), key=lambda k: (rates[k], -k))
         if best != self.best:
             self.probe_every = PROBE_MIN  # the choice moved: look around again soon
@@ -203,37 +210,51 @@ class AutoCount:
         self.probes += 1
         return probe
 
-    def begin_round(self) -> None:
-        now = self.clock()
-        if self.last is not None:
-            start, c = self.last
-            self.costs.observe_round(c, now - start)
-        self.start = now
-        self.last = None
+    def first(self) -> int:
+        self.mark = self.clock()
+        return self.choose()
 
-    def observe(self, cost: RoundCost, n_accepted: int) -> None:
-        if cost.k == 0 and not self.prev_k and not self.drafted and not self.plain_wanted:
-            # While plain decoding stands (checked first: it is most rounds where drafting cannot pay), measuring
-            # every round only refines T(0), and on a pair whose decode takes 0.3 ms the bookkeeping of five running
-            # costs was 2 % of a round; the windows' age clock still runs. A plain round teaches no acceptance.
-            self.plain_rounds += 1
-            if self.plain_rounds % PLAIN_SAMPLE:
-                self.last = None
+    def after(self, k: int, n_accepted: int, draft: float, verify: float, sample: float) -> int:
+        now = self.clock()
+        seconds, self.mark = now - self.mark, now
+        leased, self.lease = self.lease, 0
+        if not k and not self.prev_k and not self.drafted and not self.plain_wanted:
+            # While plain decoding stands (checked first: it is most rounds where drafting cannot pay), the choice
+            # stands until the next probe is due (see choose), and the loop runs up to PLAIN_SAMPLE plain rounds on
+            # one call: their mean is one measurement of T(0), and the windows' age clock runs for each. Measuring
+            # every round only refined T(0), and on a pair whose decode takes 0.2 ms the calls were 2-3 % of a
+            # round. A plain round teaches no acceptance.
+            n = leased + 1
+            self.plain_rounds += n
+            self.since_probe += leased  # the choices the lease made
+            if leased:
+                c = RoundCost(0, draft, verify, sample)  # the last round's parts stand for the lease's
+                self.costs.tick(leased)
+                self.costs.observe(c)
+                self.costs.observe_round(c, seconds / n)
+            else:
                 self.costs.tick()
-                return
-            self.last = (self.start, cost)
-            self.costs.observe(cost)
-            return
+            limit = max(self.probe_every, self.probe_wait)
+            if self.since_probe + 1 < limit:
+                self.since_probe += 1
+                self.lease = min(PLAIN_SAMPLE - 1, limit - self.since_probe - 1)
+                return self.best
+            return self.choose()
+        self._observe(RoundCost(k, draft, verify, sample), n_accepted, seconds)
+        return self.choose()
+
+    def _observe(self, cost: RoundCost, n_accepted: int, seconds: float) -> None:
+        """A round outside standing plain decoding: its parts and whole time (unless it followed drafting), its
+        acceptance."""
         after_drafting = cost.k == 0 and bool(self.prev_k)
         self.prev_k = cost.k
         if after_drafting:
             # A plain round right after a drafting one shares the CPU with the drafting that winds down (on a
             # 2-core machine it measured 5-7 ms where plain rounds take 0.5): it does not stand for plain decoding.
-            self.last = None
             self.costs.tick()
         else:
-            self.last = (self.start, cost)
             self.costs.observe(cost)
+            self.costs.observe_round(cost, seconds)
             if cost.k == 0 and self.plain_wanted:
                 self.plain_wanted = False
                 self.drafted = True  # the next choice is computed again, with what this round measured
@@ -255,7 +276,7 @@ class AutoCount:
             "host_ms": round((c.host or 0.0) * ms, 3),
             "round_ms": {k: round(v * ms, 3) for k, v in sorted(c.total.items())},
             "acceptance": [round(p, 4) for p in self.acceptance.rates()],
-            "expected_tokens_per_s": [round(r, 2) for r in self.rates()],
+            "expected_tokens_per_s": [round(r, 2) for r in (self.last_rates or self.rates())],
         }
 
 

@@ -127,7 +127,7 @@ class CostModel:
 
     @property
     def total(self) -> dict[int, float]:
-        """Whole rounds by k, start to start: what the parts miss (drafting beside the host's work, contention)."""
+        """Whole rounds by k, end to end: what the parts miss (drafting beside the host's work, contention)."""
         return self._estimate("total")
 
     @property
@@ -146,12 +146,12 @@ class CostModel:
             self._add("draft", c.k, c.draft)
         self._add("sample", 0, c.sample / rows)
 
-    def tick(self) -> None:
-        """A round passed that is not measured (the clock of the windows' age limit runs on)."""
-        self.rounds += 1
+    def tick(self, rounds: int = 1) -> None:
+        """Rounds passed that are not measured (the clock of the windows' age limit runs on)."""
+        self.rounds += rounds
 
     def observe_round(self, c: RoundCost, seconds: float) -> None:
-        """A whole round with its parts ``c`` took ``seconds``, from its start to the next round's."""
+        """A whole round with its parts ``c`` took ``seconds``, from the end of the round before to its own."""
         self._add("host", 0, max(seconds - c.draft - c.verify - c.sample, 0.0))
         self._add("total", c.k, seconds)
 

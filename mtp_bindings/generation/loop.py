@@ -16,7 +16,7 @@ import numpy as np
 from ..llama_context import LlamaContext
 from ..config.params import DraftParams
 from .constraint import TokenConstraint
-from .controller import RoundCost, make_draft_count
+from .controller import make_draft_count
 from .drafter import Proposal, make_drafter
 from .logprobs import LogprobRecorder
 from .prefill import PromptProgress, prefill
@@ -94,7 +94,9 @@ def token_rounds(ctx: LlamaContext, prompt: Sequence[int], sampler: Sampler, max
             return
         # each round's k is chosen once, before depth-2 submits its drafting; a plain round (k = 0) needs no
         # hidden state, so none is copied out
-        k = plan(counts.choose(), max_tokens - 1, attn_pos, n_ctx)
+        k_next = counts.first()
+        lease = 0  # rounds that repeat the policy's last choice without asking it (see DraftCount.lease)
+        k = plan(k_next, max_tokens - 1, attn_pos, n_ctx)
         t = time.perf_counter()
         h = ctx.get_embeddings(-1) if k > 0 else None
         drafter.prepare_next(attn_pos, x, h, k)
@@ -103,7 +105,6 @@ def token_rounds(ctx: LlamaContext, prompt: Sequence[int], sampler: Sampler, max
         yield [x]
         it = 0
         while stats.n_generated < max_tokens and attn_pos + 2 <= n_ctx:
-            counts.begin_round()
             t = time.perf_counter()
             if k > 0:
                 proposal = drafter.propose(attn_pos, x, h, k)
@@ -141,7 +142,12 @@ def token_rounds(ctx: LlamaContext, prompt: Sequence[int], sampler: Sampler, max
             accepted = drafts[:n_acc] + [y]
             stats.count_round(len(drafts), n_acc)
             drafter.update(len(drafts), n_acc)
-            counts.observe(RoundCost(len(drafts), t_draft, t_verify, t_sample), n_acc)
+            # the next round's drafts, chosen with this round's outcome (unused when the request ends here)
+            if lease:
+                lease -= 1
+            else:
+                k_next = counts.after(len(drafts), n_acc, t_draft, t_verify, t_sample)
+                lease = counts.lease
             if trace:
                 tracer.event(event="mtp_accept", iter=it, n_accepted=n_acc, n_drafted_prev=len(drafts))
             it += 1
@@ -161,7 +167,7 @@ def token_rounds(ctx: LlamaContext, prompt: Sequence[int], sampler: Sampler, max
                 return
             x = y
             if stats.n_generated < max_tokens:
-                k = plan(counts.choose(), max_tokens - stats.n_generated, attn_pos, n_ctx)
+                k = plan(k_next, max_tokens - stats.n_generated, attn_pos, n_ctx) if k_next else 0
                 t = time.perf_counter()
                 h = ctx.get_embeddings(h_row) if k > 0 else None  # no decode since verify: the row is there
                 drafter.prepare_next(attn_pos, x, h, k)
