@@ -95,8 +95,11 @@ def child(pairs: Sequence[str], tokens: int | None, repeats: int | None) -> dict
                                                **sampling, **draft)
                             per_prompt[label].append(r.stats)
                     for label, stats in per_prompt.items():
-                        s = sorted(stats, key=lambda st: st.tokens_per_second)[len(stats) // 2]  # the median run
-                        runs[label].append({"tokens_per_s": s.tokens_per_second, "acceptance": s.acceptance_rate,
+                        # the median tokens/s (of an even count, the mean of the middle two: taking the upper one
+                        # made a cell of 2 runs their max); the rest from the lower middle run
+                        s = sorted(stats, key=lambda st: st.tokens_per_second)[(len(stats) - 1) // 2]
+                        tps = statistics.median(st.tokens_per_second for st in stats)
+                        runs[label].append({"tokens_per_s": tps, "acceptance": s.acceptance_rate,
                                             "rounds_per_k": s.rounds_per_k, "policy": s.draft_policy,
                                             "all_tokens_per_s": [st.tokens_per_second for st in stats]})
                     log(f"{pair} T={tname} prompt {pi + 1}/{len(prompts)}: " + ", ".join(

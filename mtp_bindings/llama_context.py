@@ -29,8 +29,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import fields
 from typing import Any, Callable, Literal, Protocol, Sequence, TypeVar
 
@@ -120,6 +119,7 @@ class LlamaContext(ContextOutputs):
         self.model = model
         self._lock = threading.RLock()
         self._turn = GenerationTurn()  # which generation owns the context (see generation_claim)
+        self._round = self._turn.round(self._lock)  # reused by every round (see generation_round)
         self._before_kv_edit: list[Callable[[], None]] = []
         self._before_close: list[Callable[[], None]] = []
         self._extensions: dict[str, Any] = {}
@@ -195,12 +195,10 @@ class LlamaContext(ContextOutputs):
         """Whether a generation owns this context now (see :meth:`generation_claim`)."""
         return self._turn.busy
 
-    @contextmanager
-    def generation_round(self) -> Iterator[None]:
+    def generation_round(self) -> AbstractContextManager[None]:
         """One round of the owning generation: the context's lock held, its decodes and KV edits
         allowed (outside its rounds they raise ContextBusyError while it owns the context)."""
-        with self._lock, self._turn.round():
-            yield
+        return self._round
 
     def observe(self, name: str, seconds: float) -> None:
         """Tell the :attr:`observer`, if any, that native call ``name`` took ``seconds``."""

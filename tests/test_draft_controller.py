@@ -1,7 +1,7 @@
 """The ``auto`` draft count against a simulated machine (pure: no compiled extension needed).
 
 A simulated round with ``k`` drafts costs ``draft(k) + verify(k + 1) + sample (k + 1) + host`` of virtual
-time (the controller's clock) and keeps each draft with a fixed probability while the ones before it were
+time (what the loop tells the controller a round took) and keeps each draft with a fixed probability while the ones before it were
 kept. The best count for such a machine is known in closed form, so the tests can say what the controller
 must converge to.
 """
@@ -55,9 +55,9 @@ class Simulation:
 
     def __init__(self, machine: Machine, seed: int = 0, costs: CostModel | None = None) -> None:
         self.machine = machine
-        self.now = 0.0
         self.rng = random.Random(seed)
-        self.policy = AutoCount(costs or CostModel(), K_MAX, clock=lambda: self.now)
+        self.now = 0.0  # the simulated time so far
+        self.policy = AutoCount(costs or CostModel(), K_MAX)
         self.chosen: list[int] = []
         self.tokens = 0
         self.prev = 0
@@ -74,15 +74,16 @@ class Simulation:
                 n_acc += 1
             slow = 1.0 + (self.rng.uniform(0.5, 3.0) if self.rng.random() < m.slow_share else 0.0)
             cost = RoundCost(k, m.draft_step * k * slow, m.verify(k + 1) * slow, m.sample_row * (k + 1) * slow)
-            self.now += m.round_time(k) * slow + (m.plain_after_drafting if k == 0 and self.prev else 0.0)
+            seconds = m.round_time(k) * slow + (m.plain_after_drafting if k == 0 and self.prev else 0.0)
             if k == 0:
                 self.plain_rounds += 1
-                self.now += m.slow_first_plain if self.plain_rounds <= 3 else 0.0
+                seconds += m.slow_first_plain if self.plain_rounds <= 3 else 0.0
+            self.now += seconds
             self.prev = k
             if self.lease:  # as the loop does: the choice stands without a call
                 self.lease -= 1
             else:
-                self.next_k = self.policy.after(k, n_acc, cost.draft, cost.verify, cost.sample)
+                self.next_k = self.policy.after(k, n_acc, cost.draft, cost.verify, cost.sample, seconds)
                 self.lease = self.policy.lease
             self.chosen.append(k)
             self.tokens += n_acc + 1

@@ -32,8 +32,7 @@ from __future__ import annotations
 
 import math
 import sys
-import time
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from typing import Any, Protocol
 
 from .costs import ACCEPT_PRIOR, CostModel, RoundCost
@@ -93,14 +92,15 @@ class DraftCount(Protocol):
 
     lease: int
     """Rounds after the last choice that repeat it without a call to :meth:`after`; the next call
-    reports the last of them and covers them all (their time, the clock of the costs' age)."""
+    reports the last of them (and counts them all: the clock of the costs' age)."""
 
     def first(self) -> int:
-        """The drafts of a request's first round (before the loop's limits); its clock starts."""
+        """The drafts of a request's first round (before the loop's limits)."""
 
-    def after(self, k: int, n_accepted: int, draft: float, verify: float, sample: float) -> int:
+    def after(self, k: int, n_accepted: int, draft: float, verify: float, sample: float, seconds: float) -> int:
         """A round with ``k`` drafts kept ``n_accepted``; what its parts took (seconds: the wait for the
-        drafts, the target's decode, the sampler). Returns the drafts wanted for the next round."""
+        drafts, the target's decode, the sampler) and what the whole round took, from the end of the round
+        before to its own (the caller's time between them included). Returns the drafts wanted next."""
 
     def finish(self) -> dict[str, Any] | None:
         """End of the request: what the policy estimated (for the stats), or None."""
@@ -116,7 +116,7 @@ class FixedCount:
     def first(self) -> int:
         return self.k
 
-    def after(self, k: int, n_accepted: int, draft: float, verify: float, sample: float) -> int:
+    def after(self, k: int, n_accepted: int, draft: float, verify: float, sample: float, seconds: float) -> int:
         return self.k
 
     def choose(self) -> int:
@@ -129,9 +129,7 @@ class FixedCount:
 class AutoCount:
     """``auto``: the count with the most expected tokens per second (see the module's docstring)."""
 
-    def __init__(self, costs: CostModel, k_max: int, clock: Callable[[], float] = time.perf_counter,
-                 pool_key: Hashable = None) -> None:
-        self.clock = clock
+    def __init__(self, costs: CostModel, k_max: int, pool_key: Hashable = None) -> None:
         self.costs = costs
         self.k_max = k_max
         self.pool_key = pool_key
@@ -150,7 +148,6 @@ class AutoCount:
         self.plain_wanted = False  # plain rounds until one is measured (a cold start, a probe down to plain)
         self.plain_rounds = 0  # plain rounds while a choice of 0 stood (PLAIN_SAMPLE)
         self.lease = 0
-        self.mark = clock()  # the end of the round before (a round's time runs end to end, the caller's included)
         self.last_rates: list[float] | None = None  # of the last full choice (for the stats)
 
     def costs_and_rates(self) -> tuple[list[float], list[float]]:
@@ -211,27 +208,24 @@ class AutoCount:
         return probe
 
     def first(self) -> int:
-        self.mark = self.clock()
         return self.choose()
 
-    def after(self, k: int, n_accepted: int, draft: float, verify: float, sample: float) -> int:
-        now = self.clock()
-        seconds, self.mark = now - self.mark, now
+    def after(self, k: int, n_accepted: int, draft: float, verify: float, sample: float, seconds: float) -> int:
         leased, self.lease = self.lease, 0
         if not k and not self.prev_k and not self.drafted and not self.plain_wanted:
             # While plain decoding stands (checked first: it is most rounds where drafting cannot pay), the choice
             # stands until the next probe is due (see choose), and the loop runs up to PLAIN_SAMPLE plain rounds on
-            # one call: their mean is one measurement of T(0), and the windows' age clock runs for each. Measuring
-            # every round only refined T(0), and on a pair whose decode takes 0.2 ms the calls were 2-3 % of a
-            # round. A plain round teaches no acceptance.
-            n = leased + 1
-            self.plain_rounds += n
+            # one call: the last of them is measured (a round, not their mean: the other costs are medians of
+            # rounds, and a mean carries this kind of VM's slow rounds), and the windows' age clock runs for each.
+            # Measuring every round only refined T(0), and on a pair whose decode takes 0.2 ms the calls were 2-3 %
+            # of a round. A plain round teaches no acceptance.
+            self.plain_rounds += leased + 1
             self.since_probe += leased  # the choices the lease made
             if leased:
-                c = RoundCost(0, draft, verify, sample)  # the last round's parts stand for the lease's
+                c = RoundCost(0, draft, verify, sample)
                 self.costs.tick(leased)
                 self.costs.observe(c)
-                self.costs.observe_round(c, seconds / n)
+                self.costs.observe_round(c, seconds)
             else:
                 self.costs.tick()
             limit = max(self.probe_every, self.probe_wait)

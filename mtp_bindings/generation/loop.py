@@ -79,7 +79,8 @@ def token_rounds(ctx: LlamaContext, prompt: Sequence[int], sampler: Sampler, max
         t = time.perf_counter()
         sampler.accept_history(history)  # the prompt, as llama-server's slot feeds its sampler
         x = rejection.take(ctx.sampled_tokens(1)[0]) if graph else rejection.sample(ctx.logits_view(-1))
-        stats.t_sample += time.perf_counter() - t
+        round_end = time.perf_counter()  # rounds are timed end to end, from this token's pick on
+        stats.t_sample += round_end - t
         attn_pos = len(history) - 1
         if model.is_eog(x) and not opts.ignore_eos:
             stats.hit_eog = True
@@ -130,7 +131,9 @@ def token_rounds(ctx: LlamaContext, prompt: Sequence[int], sampler: Sampler, max
 
             t = time.perf_counter()
             n_acc, y = rejection.verify_picks(picks, drafts) if graph else rejection.verify(rows, drafts)
-            t_sample = time.perf_counter() - t
+            t_end = time.perf_counter()
+            t_sample = t_end - t
+            t_round, round_end = t_end - round_end, t_end  # this round, end to end (the caller's time included)
             stats.t_sample += t_sample
             # Re-read the load for the next decode here: the drafting worker and the compute threads are idle,
             # and the reader of the last yielded piece (woken a whole decode ago) is asleep again. Read just
@@ -146,7 +149,7 @@ def token_rounds(ctx: LlamaContext, prompt: Sequence[int], sampler: Sampler, max
             if lease:
                 lease -= 1
             else:
-                k_next = counts.after(len(drafts), n_acc, t_draft, t_verify, t_sample)
+                k_next = counts.after(len(drafts), n_acc, t_draft, t_verify, t_sample, t_round)
                 lease = counts.lease
             if trace:
                 tracer.event(event="mtp_accept", iter=it, n_accepted=n_acc, n_drafted_prev=len(drafts))

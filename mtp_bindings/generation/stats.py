@@ -57,11 +57,16 @@ class GenerationStats:
     def count_round(self, n_drafted: int, n_accepted: int) -> None:
         """One verify round: ``n_drafted`` drafts of which the first ``n_accepted`` were kept."""
         self.n_rounds += 1
-        self.n_drafted += n_drafted
-        self.n_accepted += n_accepted
-        add_per_position(self.rounds_per_k, [0] * n_drafted + [1])
-        add_per_position(self.drafted_per_position, [1] * n_drafted)
-        add_per_position(self.accepted_per_position, [1] * n_accepted + [0] * (n_drafted - n_accepted))
+        by_k = self.rounds_per_k
+        if n_drafted < len(by_k):  # most rounds (a plain one always, after the first): no lists built
+            by_k[n_drafted] += 1
+        else:
+            add_per_position(by_k, [0] * n_drafted + [1])
+        if n_drafted:
+            self.n_drafted += n_drafted
+            self.n_accepted += n_accepted
+            add_per_position(self.drafted_per_position, [1] * n_drafted)
+            add_per_position(self.accepted_per_position, [1] * n_accepted + [0] * (n_drafted - n_accepted))
 
     @property
     def acceptance_rate(self) -> float:
