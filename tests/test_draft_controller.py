@@ -363,3 +363,24 @@ def test_while_plain_decoding_stands_the_policy_is_asked_once_in_plain_sample_ro
 
 def test_a_fixed_count_is_never_asked_again():
     assert FixedCount(3).lease >= 2**31 and make_draft_count(None, drafting=False, k_max=3, auto=True).lease >= 2**31
+
+
+def test_drafting_measured_in_a_slow_phase_is_probed_again_in_a_later_request():
+    """A context's first drafting rounds ran in a slow phase of the machine (5x): drafting then looked so costly that
+    a probe waits longer than a request lasts; the probe clock runs across the context's requests, so a later
+    request probes, measures drafting at its real cost and drafts again."""
+    machine = Machine(flat_verify, draft_step=0.004, accept=0.8)
+    costs = CostModel()
+    for k in range(K_MAX + 1):  # what the slow phase measured, a window's worth of each count
+        for _ in range(4):
+            costs.observe(RoundCost(k, 5 * machine.draft_step * k, 5 * machine.verify(k + 1), 0.0))
+            costs.observe_round(RoundCost(k, 5 * machine.draft_step * k, 5 * machine.verify(k + 1), 0.0),
+                                (5 if k else 1) * machine.round_time(k))
+    drafted = []
+    for request in range(40):
+        sim = Simulation(machine, seed=request, costs=costs)
+        sim.run(40)
+        sim.policy.finish()
+        drafted.append(sum(1 for k in sim.chosen if k))
+    assert machine.best() > 0
+    assert sum(drafted[-5:]) >= 0.8 * 5 * 40, drafted

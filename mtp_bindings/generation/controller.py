@@ -138,7 +138,9 @@ class AutoCount:
         self.tried = [0] * k_max
         self.accepted = [0] * k_max
         self.best = 0
-        self.since_probe = 0
+        # rounds since the context's last probe: requests are often shorter than an expensive probe's wait, and one
+        # bad early estimate of drafting (a slow phase) then kept every later request of the context from drafting
+        self.since_probe = costs.rounds - costs.last_probe
         self.probe_every = PROBE_MIN
         self.probe_wait = 0  # rounds an expensive probe waits for, to stay inside the budget
         self.probes = 0
@@ -199,6 +201,7 @@ class AutoCount:
         if self.since_probe < self.probe_wait:
             return best
         self.since_probe = 0
+        self.costs.last_probe = self.costs.rounds
         self.probe_every = min(2 * self.probe_every, PROBE_MAX)
         if probe == down:
             self.down_to_plain = not self.down_to_plain

@@ -88,6 +88,7 @@ class CostModel:
     # about 1.5): per position, drafts reached and drafts accepted
     pools: dict[Hashable, tuple[list[float], list[float]]] = field(default_factory=dict)
     rounds: int = 0  # rounds on this context, measured or not (the clock of the windows' age limit)
+    last_probe: int = 0  # ``rounds`` at the context's last probe (see AutoCount.choose)
     # the measurements behind each estimate, by kind and size; the estimates, refreshed when read
     windows: dict[str, dict[int, _Window]] = field(default_factory=dict, repr=False)
     _estimates: dict[str, dict[int, float]] = field(default_factory=dict, repr=False)
