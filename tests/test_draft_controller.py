@@ -328,9 +328,9 @@ def test_a_cost_measured_long_ago_gives_way_to_one_probe():
 
 
 def test_fixed_counts_and_plain_decoding_never_vary():
-    assert [FixedCount(3).choose() for _ in range(5)] == [3] * 5
-    assert make_draft_count(None, drafting=False, k_max=3, auto=True).choose() == 0
-    assert make_draft_count(None, drafting=True, k_max=3, auto=False).choose() == 3
+    assert [FixedCount(3).first() for _ in range(5)] == [3] * 5
+    assert make_draft_count(None, drafting=False, k_max=3, auto=True).first() == 0
+    assert make_draft_count(None, drafting=True, k_max=3, auto=False).first() == 3
 
 
 def test_auto_is_the_default_preset_and_stays_inside_the_batch_invariant_rows():

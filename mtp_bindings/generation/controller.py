@@ -23,7 +23,8 @@ off while the probes change nothing; every other way down is plain decoding itse
 estimate that has gone stale can recover. A cold context measures plain decoding right after its first
 drafting round. A plain round right after a drafting one is not measured (drafting winding down shares its
 CPU). Between probes a choice of 0 stands without being computed again (plain rounds teach nothing about
-acceptance), and one plain round in ``PLAIN_SAMPLE`` is measured. Acceptance is pooled across the requests on
+acceptance): the loop runs ``PLAIN_SAMPLE`` plain rounds on one call (a lease) and the last of them is measured.
+The wait for a probe counts the context's rounds across its requests. Acceptance is pooled across the requests on
 a context by their sampler settings (the same pair accepts far less at temperature 1.5 than at 0). It only
 changes how much is drafted, so the output stays what plain decoding gives. Pure Python.
 """
@@ -119,9 +120,6 @@ class FixedCount:
     def after(self, k: int, n_accepted: int, draft: float, verify: float, sample: float, seconds: float) -> int:
         return self.k
 
-    def choose(self) -> int:
-        return self.k
-
     def finish(self) -> dict[str, Any] | None:
         return None
 
@@ -148,7 +146,6 @@ class AutoCount:
         self.prev_k: int | None = None  # the drafts of the round observed last
         self.down_to_plain = True  # the next probe down goes to plain decoding (they alternate with one fewer draft)
         self.plain_wanted = False  # plain rounds until one is measured (a cold start, a probe down to plain)
-        self.plain_rounds = 0  # plain rounds while a choice of 0 stood (PLAIN_SAMPLE)
         self.lease = 0
         self.last_rates: list[float] | None = None  # of the last full choice (for the stats)
 
@@ -222,7 +219,6 @@ class AutoCount:
             # rounds, and a mean carries this kind of VM's slow rounds), and the windows' age clock runs for each.
             # Measuring every round only refined T(0), and on a pair whose decode takes 0.2 ms the calls were 2-3 %
             # of a round. A plain round teaches no acceptance.
-            self.plain_rounds += leased + 1
             self.since_probe += leased  # the choices the lease made
             if leased:
                 c = RoundCost(0, draft, verify, sample)
