@@ -68,7 +68,8 @@ def sampling_params(base: SamplingParams | None = None, **given: Any) -> Samplin
     """``base`` (default: :class:`SamplingParams`' defaults) with the settings in ``given`` that
     are not None."""
     chosen = {name: value for name, value in given.items() if value is not None}
-    return dataclasses.replace(base or SamplingParams(), **chosen)
+    # without a base, one object built and checked, not the defaults' and then their copy
+    return SamplingParams(**chosen) if base is None else dataclasses.replace(base, **chosen)
 
 
 # generate's typed faces: stream=False gives a result, stream=True a stream of pieces, a bool either
