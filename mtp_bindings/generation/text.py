@@ -29,20 +29,22 @@ class TextAssembler:
 
     def feed(self, tokens: Sequence[int]) -> str:
         """Add tokens; returns the text now safe to emit (may be empty)."""
-        raw = b"".join(token_bytes(self.model, t, self.special) for t in tokens)
-        self.pending += self.decoder.decode(raw)
-        if self.stop:
-            hits = [(self.pending.find(s), s) for s in self.stop]
-            hits = [(i, s) for i, s in hits if i >= 0]
-            if hits:
-                i = min(hits)[0]
-                out = self.pending[:i]
-                self.pending = ""
-                self.stopped = True
-                return out
-            keep = max((_overlap(self.pending, s) for s in self.stop), default=0)
+        if len(tokens) == 1:  # most rounds: no generator and join (this runs on caches a decode has just swept)
+            raw = token_bytes(self.model, tokens[0], self.special)
         else:
-            keep = 0
+            raw = b"".join(token_bytes(self.model, t, self.special) for t in tokens)
+        if not self.stop:  # nothing is held back: the decoder keeps a character's incomplete bytes itself
+            return self.decoder.decode(raw)
+        self.pending += self.decoder.decode(raw)
+        hits = [(self.pending.find(s), s) for s in self.stop]
+        hits = [(i, s) for i, s in hits if i >= 0]
+        if hits:
+            i = min(hits)[0]
+            out = self.pending[:i]
+            self.pending = ""
+            self.stopped = True
+            return out
+        keep = max(_overlap(self.pending, s) for s in self.stop)
         cut = len(self.pending) - keep
         out, self.pending = self.pending[:cut], self.pending[cut:]
         return out
