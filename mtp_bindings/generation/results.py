@@ -33,15 +33,19 @@ class TextPiece(str):
     of ``tokens`` when asked for, else None."""
 
     tokens: list[int]
-    stats: GenerationStats | None
-    finish_reason: str | None
-    logprobs: list[TokenLogprob] | None
+    # None on the class: a piece sets only what it has (one is made every round, after a decode has swept the caches)
+    stats: GenerationStats | None = None
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None = None
 
     def __new__(cls, text: str, tokens: list[int], stats: GenerationStats | None = None,
                 finish_reason: str | None = None, logprobs: list[TokenLogprob] | None = None) -> TextPiece:
-        obj = super().__new__(cls, text)
+        obj = str.__new__(cls, text)
         obj.tokens = tokens
-        obj.stats = stats
-        obj.finish_reason = finish_reason
-        obj.logprobs = logprobs
+        if stats is not None:
+            obj.stats = stats
+        if finish_reason is not None:
+            obj.finish_reason = finish_reason
+        if logprobs is not None:
+            obj.logprobs = logprobs
         return obj
