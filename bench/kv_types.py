@@ -185,7 +185,7 @@ def report(res: dict[str, Any]) -> str:
           "window cache is full-size: `swa_full`)."]
     if q:
         md += ["", f"## Quality against an f16 cache ({res['n_text']} tokens of `{TEXT.name}` teacher-forced; MTP "
-               "acceptance at draft_n_max 3, temperature 0, three prompts)", "",
+               f"acceptance at draft_n_max 3, temperature 0, three prompts of {res.get('n_accept', 64)} tokens)", "",
                "| setting | mean KL | max KL | argmax agrees | MTP acceptance |", "|---|---:|---:|---:|---:|"]
     for name, r in q.items():
         md.append(f"| {name} | {r['kl_mean']:.2e} | {r['kl_max']:.2e} | {100 * r['argmax_agree']:.1f}% | "
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                    **({"n_threads": args.threads} if args.threads else {})) as model:
             res = {"machine": f"{ds._cpu_name()} ({auto_draft._isa()})", "date": time.strftime("%Y-%m-%d %H:%M"),
                    "pair": args.pair, "threads": args.threads or "default", "n_text": args.text_tokens,
-                   "n_gen": n_gen,
+                   "n_gen": n_gen, "n_accept": 16 if args.quick else args.tokens,
                    "quality": {} if args.no_quality else quality(model, args.text_tokens,
                                                                   16 if args.quick else args.tokens),
                    "speed": speed(model, sorted(args.lengths), n_decode, n_gen)}
