@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     from mtp_bindings import Model
 
     n_decode, n_gen = (3, 16) if args.quick else (9, 64)
+    n_accept = 16 if args.quick else args.tokens
     out = args.out or RESULTS / ("kv_types.json" if args.pair == "wide" else f"kv_types_{args.pair}.json")
     with tempfile.TemporaryDirectory() as tmp:
         target, assistant = pair_files(args.pair, Path(tmp))
@@ -231,9 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                    **({"n_threads": args.threads} if args.threads else {})) as model:
             res = {"machine": f"{ds._cpu_name()} ({auto_draft._isa()})", "date": time.strftime("%Y-%m-%d %H:%M"),
                    "pair": args.pair, "threads": args.threads or "default", "n_text": args.text_tokens,
-                   "n_gen": n_gen, "n_accept": 16 if args.quick else args.tokens,
-                   "quality": {} if args.no_quality else quality(model, args.text_tokens,
-                                                                  16 if args.quick else args.tokens),
+                   "n_gen": n_gen, "n_accept": n_accept,
+                   "quality": {} if args.no_quality else quality(model, args.text_tokens, n_accept),
                    "speed": speed(model, sorted(args.lengths), n_decode, n_gen)}
     out.write_text(json.dumps(res, indent=1) + "\n")
     md = report(res)
