@@ -84,7 +84,7 @@ def _bounded_fields(cls: type) -> tuple[tuple[str, Any, Any, bool, bool], ...]:
 def check_bounds(obj: object) -> None:
     """Raise :class:`InvalidParameterError` for a field of ``obj`` (a dataclass of this module)
     outside the ``min``/``max`` of its metadata; None passes where the default is None."""
-    for name, lo, hi, integral, none_ok in _bounded_fields(type(obj)):
+    for name, lo, hi, integral, none_ok in _bounded_fields(type(obj)):  # type: ignore[arg-type]  # a class is hashable
         v = getattr(obj, name)
         if v is None and none_ok:
             continue
