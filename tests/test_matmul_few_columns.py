@@ -224,13 +224,13 @@ def test_a_batched_decode_across_the_kv_views_256_cell_padding_gives_exactly_the
 
 
 def test_repacked_q6_K_gives_a_prompt_batch_the_bits_of_single_columns(mulmat_bench: Path) -> None:
-    """Where Q6_K is repacked (x86 with AVX-512 VNNI), one kernel takes every number of columns: a prompt's rows
-    round like the decode of each row alone, not only a verify batch's."""
+    """Where Q6_K is repacked (x86 with AVX2 or AVX-512 VNNI), one kernel takes every number of columns: a prompt's
+    rows round like the decode of each row alone, not only a verify batch's."""
     cmd = [str(mulmat_bench), "--type", "q6_K", "--n", "9,16,17,33", "--rounds", "1", "--warmup", "0",
            "--invariance", "--buft", "CPU_REPACK", "--shape", "544x512", "--shape", "64x1536"]
     results = _invariance_results(cmd)
     if any(r["buft"] != "CPU_REPACK" for r in results):
-        pytest.skip("Q6_K is not repacked on this CPU (no AVX-512 VNNI, or another layout is chosen)")
+        pytest.skip("Q6_K is not repacked on this CPU (no AVX2, or another layout is chosen)")
     bad = _batch_dependent(results)
     assert not bad, "batch-dependent rounding: " + "; ".join(bad)
 
