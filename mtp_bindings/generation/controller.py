@@ -240,14 +240,8 @@ class AutoCount:
         """A round outside standing plain decoding: its parts and whole time (unless it followed drafting), its
         acceptance."""
         after_drafting = cost.k == 0 and bool(self.prev_k)
-        first_at_count = cost.k > 0 and cost.k not in self.costs.drafted_counts
         self.prev_k = cost.k
-        if first_at_count:
-            # The context's first round at this count built its drafting graph: a cold round (see
-            # CostModel.drafted_counts), not what the count costs.
-            self.costs.drafted_counts.add(cost.k)
-            self.costs.tick()
-        elif after_drafting:
+        if after_drafting:
             # A plain round right after a drafting one shares the CPU with the drafting that winds down (on a
             # 2-core machine it measured 5-7 ms where plain rounds take 0.5): it does not stand for plain decoding.
             self.costs.tick()

@@ -88,11 +88,6 @@ class CostModel:
     # about 1.5): per position, drafts reached and drafts accepted
     pools: dict[Hashable, tuple[list[float], list[float]]] = field(default_factory=dict)
     rounds: int = 0  # rounds on this context, measured or not (the clock of the windows' age limit)
-    # the draft counts a round has used on this context: the first round at a count builds its drafting graph (and
-    # the context's first one the assistant's buffers), which on a 2-core Zen 3 took verify(4) 160 ms and verify(7)
-    # 225 ms against 75-105 and 115-140 warm; kept as the count's only measurement, it held auto off that count
-    # (and off drafting) for the rest of the context's requests, so it is not measured (see AutoCount._observe)
-    drafted_counts: set[int] = field(default_factory=set)
     last_probe: int = 0  # ``rounds`` at the context's last probe (see AutoCount.choose)
     # the measurements behind each estimate, by kind and size; the estimates, refreshed when read
     windows: dict[str, dict[int, _Window]] = field(default_factory=dict, repr=False)
