@@ -104,7 +104,7 @@ int32_t mtp_verify_round(mtp_round * r, const float * const * rows, int32_t n_ro
 # the module's own C helpers (sampling at a 262,144-token vocabulary): C files of ours, beside this script,
 # appended in this order (each may use what the ones before it define)
 HELPERS_C = [Path(__file__).resolve().parent / name
-             for name in ("sampling_prefilter.c", "sampling_round.c", "sampling_logprobs.c")]
+             for name in ("sampling_prefilter.c", "sampling_exp.c", "sampling_round.c", "sampling_logprobs.c")]
 CSRC = """
 #include "llama.h"
 static void mtp_log_silent(enum ggml_log_level level, const char * text, void * user_data) {

@@ -1,7 +1,7 @@
 /* One verify round of exact speculative sampling over llama.cpp's sampler chain, the whole round in one call
    (mtp_bindings.generation.chain.SamplerChain.verify_round): after a decode has swept the caches every numpy
    call on a row costs tens of microseconds, and a round's rows are best read once, in C. After
-   sampling_prefilter.c. */
+   sampling_prefilter.c and sampling_exp.c. */
 #include <math.h>
 #include <string.h>
 
@@ -36,7 +36,7 @@ typedef struct mtp_round {
     llama_token_data * data;  /* the chain's candidates */
     int32_t * ids;            /* the prefilter's ids, then a row's candidates in ascending id */
     double * probs;           /* their probabilities */
-    float * dense;            /* logits by id, for many candidates */
+    float * dense;            /* a row's candidates' logits (by id, while many are put in id order) */
     uint64_t * present;       /* (n_vocab + 63) / 64 words: which ids are candidates */
     uint64_t rng[4];          /* the round's own uniform numbers (xoshiro256**), seeded by the caller */
     const uint32_t * masks;   /* NULL, or a grammar's mask per row: row i's token t is allowed where bit t % 32 of
@@ -146,51 +146,50 @@ static llama_token_data * mtp_round_chain(const mtp_round * r, const float * row
 }
 
 /* The distribution the chain's final dist sampler draws from: the finite candidates in ascending id
-   (r->ids) with their probabilities (r->probs, float64, summing to 1); their count, or MTP_ROUND_ERR_EMPTY. */
-static int32_t mtp_round_distribution(const mtp_round * r, llama_token_data * c, size_t size) {
+   (r->ids) with their weights exp(logit - max) (r->probs, float64; computed in float, as llama.cpp's softmax
+   computes them), not normalized: their sum in *total. Returns their count, or MTP_ROUND_ERR_EMPTY. */
+static int32_t mtp_round_distribution(const mtp_round * r, llama_token_data * c, size_t size, double * total) {
+    float * logits = r->dense; /* the candidates' logits in the order of r->ids */
     int32_t n = 0;
-    for (size_t j = 0; j < size; ++j) { /* in place: a grammar's mask or a ban leaves -inf */
-        if (isfinite(c[j].logit)) {
-            c[n++] = c[j];
+    int ascending = 1; /* a chain that only filters or rescales keeps the row's order: nothing to sort */
+    for (size_t j = 0; j < size; ++j) { /* a grammar's mask or a ban leaves -inf */
+        const float logit = c[j].logit;
+        if (isfinite(logit)) {
+            ascending &= n == 0 || c[j].id > r->ids[n - 1];
+            r->ids[n] = c[j].id;
+            logits[n++] = logit;
         }
     }
     if (n == 0) {
         return MTP_ROUND_ERR_EMPTY;
     }
-    if (n <= MTP_ROUND_SORT_MAX) {
+    if (!ascending && n <= MTP_ROUND_SORT_MAX) {
+        for (int32_t j = 0; j < n; ++j) {
+            c[j].id = r->ids[j];
+            c[j].logit = logits[j];
+        }
         qsort(c, (size_t) n, sizeof(llama_token_data), mtp_cmp_token_id);
         for (int32_t j = 0; j < n; ++j) {
             r->ids[j] = c[j].id;
-            r->probs[j] = c[j].logit;
+            logits[j] = c[j].logit;
         }
-    } else {
+    } else if (!ascending) { /* many: in id order through a bitmap, the logits parked by id in r->probs */
         const int32_t n_words = (r->n_vocab + 63) / 64;
         memset(r->present, 0, (size_t) n_words * sizeof(uint64_t));
         for (int32_t j = 0; j < n; ++j) {
-            r->dense[c[j].id] = c[j].logit;
-            r->present[c[j].id / 64] |= (uint64_t) 1 << (c[j].id % 64);
+            r->probs[r->ids[j]] = logits[j];
+            r->present[r->ids[j] / 64] |= (uint64_t) 1 << (r->ids[j] % 64);
         }
         int32_t o = 0;
         for (int32_t w = 0; w < n_words; ++w) {
             for (uint64_t bits = r->present[w]; bits != 0; bits &= bits - 1) {
                 const int32_t id = w * 64 + __builtin_ctzll(bits);
                 r->ids[o] = id;
-                r->probs[o++] = r->dense[id];
+                logits[o++] = (float) r->probs[id];
             }
         }
     }
-    double top = r->probs[0];
-    for (int32_t j = 1; j < n; ++j) {
-        top = r->probs[j] > top ? r->probs[j] : top;
-    }
-    double sum = 0.0;
-    for (int32_t j = 0; j < n; ++j) {
-        r->probs[j] = exp(r->probs[j] - top);
-        sum += r->probs[j];
-    }
-    for (int32_t j = 0; j < n; ++j) {
-        r->probs[j] /= sum;
-    }
+    *total = mtp_exp_weights(logits, n, mtp_row_max(logits, n, NULL), r->probs);
     return n;
 }
 
@@ -201,18 +200,40 @@ static void mtp_round_uniforms(mtp_round * r, int32_t n, double * out) {
     }
 }
 
-/* The index u in [0, 1) picks from p[0..n) by the inverse CDF; never an entry of probability 0. */
-static int32_t mtp_round_draw(const double * p, int32_t n, double u) {
-    double total = 0.0;
-    for (int32_t j = 0; j < n; ++j) {
-        total += p[j];
+/* the sum of p[begin..end), four running sums (one chain of adds is the latency of an add per entry) */
+static double mtp_sum_range(const double * p, int32_t begin, int32_t end) {
+    double s[4] = { 0.0, 0.0, 0.0, 0.0 };
+    int32_t j = begin;
+    for (; j + 4 <= end; j += 4) {
+        s[0] += p[j];
+        s[1] += p[j + 1];
+        s[2] += p[j + 2];
+        s[3] += p[j + 3];
     }
-    const double target = u * total;
+    for (; j < end; ++j) {
+        s[0] += p[j];
+    }
+    return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+/* The index u in [0, 1) picks from the weights p[0..n) by the inverse CDF; never an entry of weight 0. The
+   running sum skips whole blocks first, by their sums. */
+#define MTP_DRAW_BLOCK 256
+static int32_t mtp_round_draw(const double * p, int32_t n, double u) {
+    const double target = u * mtp_sum_range(p, 0, n);
     double cum = 0.0;
-    for (int32_t j = 0; j < n; ++j) {
-        cum += p[j];
-        if (cum > target) {
-            return j;
+    for (int32_t b = 0; b < n; b += MTP_DRAW_BLOCK) {
+        const int32_t end = b + MTP_DRAW_BLOCK < n ? b + MTP_DRAW_BLOCK : n;
+        const double s = mtp_sum_range(p, b, end);
+        if (cum + s <= target && end < n) {
+            cum += s;
+            continue;
+        }
+        for (int32_t j = b; j < end; ++j) {
+            cum += p[j];
+            if (cum > target && p[j] > 0.0) {
+                return j;
+            }
         }
     }
     for (int32_t j = n - 1; j > 0; --j) { /* the target rounded up to the total */
@@ -302,13 +323,14 @@ static int32_t mtp_verify_round(mtp_round * r, const float * const * rows, int32
         if (c == NULL) {
             return err;
         }
-        const int32_t n = mtp_round_distribution(r, c, size);
+        double total = 0.0;
+        const int32_t n = mtp_round_distribution(r, c, size, &total);
         if (n < 0) {
             return n;
         }
         if (!last) {
             const int32_t * hit = (const int32_t *) bsearch(&drafts[i], r->ids, (size_t) n, sizeof(int32_t), mtp_cmp_i32);
-            const double p_d = hit != NULL ? r->probs[hit - r->ids] : 0.0;
+            const double p_d = hit != NULL ? r->probs[hit - r->ids] / total : 0.0;
             if (p_d > 0.0 && u[2 * i] < p_d) {
                 mtp_round_emit(r, drafts[i]);
                 continue;

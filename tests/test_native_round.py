@@ -99,6 +99,22 @@ def test_at_gemma_4s_vocabulary_the_native_round_emits_what_the_numpy_rule_emits
     assert rounds(p, BIG_V, None, base, 20, True, []) == rounds(p, BIG_V, None, base, 20, False, [])
 
 
+# top_k 0 at Gemma 4's vocabulary: every token a candidate, in the row's order (temperature alone keeps it) or in
+# top-p's order of probability (thousands survive a row as flat as big_row's)
+WHOLE_VOCABULARY = {"in_id_order": {"temperature": 1.5, "top_k": 0, "top_p": 1.0, "min_p": 0.0},
+                    "reordered": {"temperature": 1.0, "top_k": 0, "top_p": 0.9, "min_p": 0.0}}
+
+
+@pytest.mark.parametrize("name", list(WHOLE_VOCABULARY))
+def test_with_every_token_a_candidate_the_native_round_emits_what_the_numpy_rule_emits(name: str) -> None:
+    p = SamplingParams(**WHOLE_VOCABULARY[name], seed=1).resolved(N_CTX)
+    base = big_row(5, floor_ties=False)
+    with sampler_for(p, BIG_V) as s:
+        ids, _ = s.distribution(base)
+    assert ids.size > 4096  # more than MTP_ROUND_SORT_MAX: the many-candidates path
+    assert rounds(p, BIG_V, None, base, 12, True, []) == rounds(p, BIG_V, None, base, 12, False, [])
+
+
 @pytest.mark.parametrize("name", ["defaults", "top_p", "xtc", "penalties", "dry"])
 def test_one_row_native_rounds_draw_llama_servers_distribution(model: Any, row: np.ndarray, name: str) -> None:
     hist = history_for(row)
