@@ -55,6 +55,7 @@ def _rows(measured: dict, **where) -> list[dict]:
     return rows
 
 
+@pytest.mark.ggml_program
 @pytest.mark.parametrize("kind", list(LLOYD_MAX_D))
 def test_turbo_distortion_on_random_unit_vectors_is_lloyd_max_within_5_percent(measured, kind) -> None:
     for r in _rows(measured, type=kind, input="isotropic"):
@@ -62,6 +63,7 @@ def test_turbo_distortion_on_random_unit_vectors_is_lloyd_max_within_5_percent(m
         assert abs(r["D"] / LLOYD_MAX_D[kind] - 1) < 0.05, r
 
 
+@pytest.mark.ggml_program
 @pytest.mark.parametrize("kind", list(LLOYD_MAX_D))
 def test_turbo_inner_product_error_is_the_distortion_and_nearly_unbiased(measured, kind) -> None:
     for r in _rows(measured, type=kind, input="isotropic"):
@@ -69,6 +71,7 @@ def test_turbo_inner_product_error_is_the_distortion_and_nearly_unbiased(measure
         assert r["slope"] >= MIN_SLOPE[kind], r
 
 
+@pytest.mark.ggml_program
 @pytest.mark.parametrize("kind", list(LLOYD_MAX_D))
 def test_turbo_needs_the_rotation_on_outlier_channels(measured, kind) -> None:
     stored, = _rows(measured, type=kind, input="outliers")
@@ -77,6 +80,7 @@ def test_turbo_needs_the_rotation_on_outlier_channels(measured, kind) -> None:
     assert abs(rotated["D"] / LLOYD_MAX_D[kind] - 1) < 0.10, rotated
 
 
+@pytest.mark.ggml_program
 def test_turbo_bits_order_the_distortions_against_the_stock_types(measured) -> None:
     d = {r["type"]: r["D"] for r in _rows(measured, input="isotropic", d=256)}
     assert d["q8_0"] < d["iq4_nl"] < d["turbo4"] < d["turbo3"] < d["turbo2"], d
@@ -84,11 +88,13 @@ def test_turbo_bits_order_the_distortions_against_the_stock_types(measured) -> N
     assert d["turbo4"] < 1.5 * d["q4_0"], d
 
 
+@pytest.mark.ggml_program
 def test_turbo_dot_product_on_the_codes_equals_the_dequantized_dot_product(measured) -> None:
     bad = [r for r in measured["dot"] if r["max_rel_err"] > 1e-5]
     assert not bad, bad
 
 
+@pytest.mark.ggml_program
 def test_flash_attention_over_turbo_kv_equals_it_over_the_dequantized_values(measured) -> None:
     # what is left is the query's q8_0 rounding in the K dot products, which a q8_0 cache shares (1e-4 here)
     q8 = max(r["nmse"] for r in measured["fa"] if r["type"] == "q8_0")

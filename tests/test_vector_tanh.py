@@ -18,6 +18,7 @@ import pytest
 from ggml_programs import compile_ggml_program
 
 SOURCE = Path(__file__).resolve().parent / "c" / "tanh_check.c"
+pytestmark = pytest.mark.ggml_program
 MAX_ULP = 8  # ggml_v_expf is within 1.5 ulp; the quotient and the sign handling add a few
 
 
