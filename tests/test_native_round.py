@@ -105,14 +105,22 @@ WHOLE_VOCABULARY = {"in_id_order": {"temperature": 1.5, "top_k": 0, "top_p": 1.0
                     "reordered": {"temperature": 1.0, "top_k": 0, "top_p": 0.9, "min_p": 0.0}}
 
 
+@pytest.mark.parametrize("exp", ["avx2", "baseline"])  # the weights' exp: AVX2 where the CPU has it, else SSE2
 @pytest.mark.parametrize("name", list(WHOLE_VOCABULARY))
-def test_with_every_token_a_candidate_the_native_round_emits_what_the_numpy_rule_emits(name: str) -> None:
+def test_with_every_token_a_candidate_the_native_round_emits_what_the_numpy_rule_emits(name: str, exp: str) -> None:
+    from mtp_bindings.low_level import lib
+
     p = SamplingParams(**WHOLE_VOCABULARY[name], seed=1).resolved(N_CTX)
     base = big_row(5, floor_ties=False)
     with sampler_for(p, BIG_V) as s:
         ids, _ = s.distribution(base)
     assert ids.size > 4096  # more than MTP_ROUND_SORT_MAX: the many-candidates path
-    assert rounds(p, BIG_V, None, base, 12, True, []) == rounds(p, BIG_V, None, base, 12, False, [])
+    lib.mtp_sampling_use_baseline(int(exp == "baseline"))
+    try:
+        native = rounds(p, BIG_V, None, base, 12, True, [])
+    finally:
+        lib.mtp_sampling_use_baseline(0)
+    assert native == rounds(p, BIG_V, None, base, 12, False, [])
 
 
 @pytest.mark.parametrize("name", ["defaults", "top_p", "xtc", "penalties", "dry"])
