@@ -24,6 +24,7 @@ is no smaller than a full-attention layer's cache: see the memory columns.
     python bench/kv_types.py                          # -> bench/results/kv_types.{json,md}, ~10 minutes on 2 cores
     python bench/kv_types.py --lengths 1024 --quick   # a check that it runs
     python bench/kv_types.py --pair e2b --no-quality --lengths 4096 16384   # -> kv_types_e2b.{json,md}
+    python bench/kv_types.py --pair e2b --no-quality --lengths 32768 --types f16 turbo3 --out bench/results/kv_types_e2b_32k.json
 
 ``--pair e2b`` measures the demo's E2B-sized q4_K pair instead (E2B's heads and layer pattern, q4_K weights): what
 a user's decode costs with each cache, where the weights' reading dominates until the cache grows large.
@@ -148,13 +149,13 @@ def quality(model: Any, n_text: int, n_tokens: int) -> dict[str, dict[str, float
     return out
 
 
-def speed(model: Any, lengths: list[int], n_decode: int, n_gen: int) -> dict[str, dict[str, Any]]:
+def speed(model: Any, lengths: list[int], n_decode: int, n_gen: int, types: list[str]) -> dict[str, dict[str, Any]]:
     rng = np.random.default_rng(0)
     vocab = model.n_vocab
     out: dict[str, dict[str, Any]] = {}
     for length in lengths:
         prompt = [int(t) for t in rng.integers(10, vocab - 10, size=length)]
-        for name in SPEED:
+        for name in types:
             setting = next(s for s in QUALITY if s[0] == name)
             with native_lines() as lines, \
                     model.create_context(n_ctx=length + n_gen + 64, n_batch=2048, n_ubatch=512, **kv(setting)) as ctx:
@@ -218,8 +219,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="wide: the wide trained pair (tiny weights: attention's cost per cached token); e2b: the "
                          "demo's E2B-sized q4_K pair (what a user's decode costs; its prompts take minutes)")
     ap.add_argument("--no-quality", action="store_true", help="the speed table only")
+    ap.add_argument("--types", nargs="+", default=SPEED, choices=SPEED,
+                    help="the speed table's cache types (f16, the reference, always among them)")
     ap.add_argument("--out", type=Path, default=None, help="default: bench/results/kv_types[_e2b].json")
     args = ap.parse_args(argv)
+    if "f16" not in args.types:
+        ap.error("--types needs f16: the speed table's ratios are against it")
 
     from mtp_bindings import Model
 
@@ -234,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                    "pair": args.pair, "threads": args.threads or "default", "n_text": args.text_tokens,
                    "n_gen": n_gen, "n_accept": n_accept,
                    "quality": {} if args.no_quality else quality(model, args.text_tokens, n_accept),
-                   "speed": speed(model, sorted(args.lengths), n_decode, n_gen)}
+                   "speed": speed(model, sorted(args.lengths), n_decode, n_gen, args.types)}
     out.write_text(json.dumps(res, indent=1) + "\n")
     md = report(res)
     out.with_suffix(".md").write_text(md)
