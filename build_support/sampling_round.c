@@ -35,7 +35,7 @@ typedef struct mtp_round {
     int32_t n_banned;
     llama_token_data * data;  /* the chain's candidates */
     int32_t * ids;            /* the prefilter's ids, then a row's candidates in ascending id */
-    double * probs;           /* their probabilities */
+    double * probs;           /* their weights exp(logit - max), not normalized (mtp_round_distribution) */
     float * dense;            /* a row's candidates' logits (by id, while many are put in id order) */
     uint64_t * present;       /* (n_vocab + 63) / 64 words: which ids are candidates */
     uint64_t rng[4];          /* the round's own uniform numbers (xoshiro256**), seeded by the caller */
