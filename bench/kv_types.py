@@ -209,7 +209,8 @@ def report(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    # 16K and 32K fit the wide pair's cache; on the E2B-sized pair a 32K prompt takes minutes per type on 2 cores
+    # 16K and 32K fit the wide pair's cache; on the E2B-sized pair a 32K prompt is long: with the f16 cache (no flash
+    # attention) it had not finished after 28 minutes on a 2-core Zen 3
     ap.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192])
     ap.add_argument("--text-tokens", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=64, help="tokens generated per prompt for MTP acceptance")
