@@ -361,3 +361,20 @@ def test_the_top_k_superset_keeps_every_token_tied_with_the_kth() -> None:
     row[np.arange(0, BIG_V, 97)] = 1.0  # now k of them are above the floor: the floor's ties stay out
     ids = top_k_superset(row, 5)
     assert ids is not None and set(ids.tolist()) == set(np.flatnonzero(row > -3.0).tolist())
+
+
+@pytest.mark.parametrize("spread,p", [(2.0, 0.9), (3.0, 0.95), (2.5, 0.7), (1.0, 0.3)])
+def test_top_p_keeps_the_largest_logits_that_hold_p_when_the_top_256_hold_less(spread: float, p: float) -> None:
+    # A flat row: llama.cpp's top-p first sorts the 256 largest, and they hold less than p. Patch 0022 then sorts
+    # as many as a histogram of the probability mass says hold p, where upstream sorted the whole row.
+    row = (np.random.default_rng(int(spread * 10 + p * 100)).standard_normal(40000) * spread).astype(np.float32)
+    q = SamplingParams(temperature=1.0, top_k=0, min_p=0.0, top_p=p).resolved(N_CTX)
+    with SamplerChain(q, row.size) as chain:
+        ids, logits = chain.apply(row)
+    n = ids.size
+    assert n > 256 and np.all(np.diff(logits) <= 0)  # the fallback ran, and kept its candidates sorted
+    assert np.array_equal(logits, np.sort(row)[::-1][:n]) and np.array_equal(row[ids], logits)
+    probs = np.exp(np.sort(row.astype(np.float64))[::-1] - row.max())
+    mass = np.cumsum(probs / probs.sum())
+    # the cut is where the running sum reaches p: one token fewer holds less (the C sum is float32, hence the slack)
+    assert mass[n - 1] >= p - 1e-4 and mass[n - 2] < p + 1e-4
