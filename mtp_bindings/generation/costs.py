@@ -18,6 +18,7 @@ VERIFY_SLOPE_PRIOR = 0.1  # decode(n) = decode(1) (1 + slope (n - 1)) until two 
 DRAFT_STEP_PRIOR = 0.1    # a draft step / decode(1), until a draft is measured
 POOL_MAX = 256.0          # observations the context's pooled acceptance keeps per position
 MONOTONE = ("verify", "draft", "total")  # costs that never fall as rows or drafts grow (see nondecreasing)
+DRAFTING_SIZES = {"verify": 2, "draft": 1, "total": 1}  # the sizes of drafting rounds, by kind (see CostModel._add)
 
 
 class _Window:
@@ -93,8 +94,16 @@ class CostModel:
     windows: dict[str, dict[int, _Window]] = field(default_factory=dict, repr=False)
     _estimates: dict[str, dict[int, float]] = field(default_factory=dict, repr=False)
     _stale: set[tuple[str, int]] = field(default_factory=set, repr=False)
+    _warm: set[tuple[str, int]] = field(default_factory=set, repr=False)  # drafting sizes seen once (see _add)
 
     def _add(self, kind: str, size: int, x: float) -> None:
+        if kind in DRAFTING_SIZES and size >= DRAFTING_SIZES[kind] and (kind, size) not in self._warm:
+            # The first round with a draft count on a context is not a measurement of that count: it pays once for
+            # a graph shape the context had not computed (its compute buffers paged in, the drafting graph built).
+            # The E2B-sized pair's first round with 3 drafts took 240 ms against 50-55 later, and auto then decoded
+            # plain for 120 rounds [AMD EPYC; avx2].
+            self._warm.add((kind, size))
+            return
         window = self.windows.setdefault(kind, {}).get(size)
         if window is None:
             window = self.windows[kind][size] = _Window()
