@@ -6,6 +6,7 @@ ggml_program``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -37,6 +38,14 @@ def compile_ggml_program(source: Path, out_dir: Path) -> Path:
                     f"-Wl,-rpath,{library_dir()}", "-lggml", "-lggml-base", cpu, "-lm", "-o", str(exe)],
                    check=True)
     return exe
+
+
+def run_ggml_program(exe: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 120) -> dict:
+    """Run a compiled check program and return the JSON object it prints (it must exit 0)."""
+    res = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, **(env or {})})
+    assert res.returncode == 0, res.stderr[-2000:]
+    return json.loads(res.stdout)
 
 
 def _compile_cross(source: Path, out_dir: Path, build: Path) -> Path:

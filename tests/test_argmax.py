@@ -6,12 +6,10 @@ installed ggml, run in a subprocess, on rows built for ties, signed zeros, infin
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from ggml_programs import compile_ggml_program
+from ggml_programs import compile_ggml_program, run_ggml_program
 
 SOURCE = Path(__file__).resolve().parent / "c" / "argmax_check.c"
 pytestmark = pytest.mark.ggml_program
@@ -24,7 +22,5 @@ def argmax_check(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_argmax_picks_what_the_scalar_loop_picks(argmax_check: Path, threads: int) -> None:
-    res = subprocess.run([str(argmax_check), str(threads)], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
-    out = json.loads(res.stdout)
+    out = run_ggml_program(argmax_check, str(threads))
     assert out["rows"] == 216 and out["wrong"] == 0, out

@@ -6,12 +6,10 @@ rows of the tied Q6_K embedding every draft step). The check is a small C progra
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from ggml_programs import compile_ggml_program
+from ggml_programs import compile_ggml_program, run_ggml_program
 
 SOURCE = Path(__file__).resolve().parent / "c" / "get_rows_check.c"
 pytestmark = pytest.mark.ggml_program
@@ -24,8 +22,6 @@ def get_rows_check(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_gathered_quantized_rows_have_the_reference_dequantizers_bits(get_rows_check: Path, threads: int) -> None:
-    res = subprocess.run([str(get_rows_check), str(threads)], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
-    mismatches = json.loads(res.stdout)
+    mismatches = run_ggml_program(get_rows_check, str(threads))
     assert set(mismatches) == {"q6_K", "q4_K", "q5_K", "q8_0"}
     assert all(n == 0 for n in mismatches.values()), mismatches

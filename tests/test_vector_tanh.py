@@ -9,13 +9,10 @@ subprocess.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
-from ggml_programs import compile_ggml_program
+from ggml_programs import compile_ggml_program, run_ggml_program
 
 SOURCE = Path(__file__).resolve().parent / "c" / "tanh_check.c"
 pytestmark = pytest.mark.ggml_program
@@ -27,11 +24,7 @@ def tanh_check(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return compile_ggml_program(SOURCE, tmp_path_factory.mktemp("tanh"))
 
 
-def _run(exe: Path, *args: str, env: dict[str, str] | None = None) -> dict:
-    res = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, **(env or {})})
-    assert res.returncode == 0, res.stderr[-2000:]
-    return json.loads(res.stdout)
+_run = run_ggml_program
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
