@@ -192,8 +192,12 @@ class AutoCount:
         probe = (up if up is not None else down) if self.probe_up else (down if down is not None else up)
         if probe is None:
             return best
-        # an expensive probe (drafting on a host-bound pair) waits longer, to cost at most PROBE_BUDGET
+        # an expensive probe (drafting on a host-bound pair) waits longer, to cost at most PROBE_BUDGET; one up from
+        # plain decoding also slows the plain round after it, which no T(k) holds (tiny pair, T 1.5: a plain round
+        # 0.3 ms, the one after a probe 0.5-0.7 ms; left out, probes cost 2-3 % of the time [AMD EPYC; avx2])
         extra = max(costs[probe] - costs[best], 0.0)
+        if best == 0 and self.costs.after_drafting is not None:
+            extra += max(self.costs.after_drafting - costs[0], 0.0)
         self.probe_wait = math.ceil(extra / (PROBE_BUDGET * costs[best]))
         if self.since_probe < self.probe_wait:
             return best
@@ -243,8 +247,9 @@ class AutoCount:
         self.prev_k = cost.k
         if after_drafting:
             # A plain round right after a drafting one shares the CPU with the drafting that winds down (on a
-            # 2-core machine it measured 5-7 ms where plain rounds take 0.5): it does not stand for plain decoding.
-            self.costs.tick()
+            # 2-core machine it measured 5-7 ms where plain rounds take 0.5): it does not stand for plain decoding,
+            # but for part of what the probe before it cost.
+            self.costs.observe_after_drafting(seconds)
         else:
             self.costs.observe(cost)
             self.costs.observe_round(cost, seconds)

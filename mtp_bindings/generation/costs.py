@@ -1,6 +1,6 @@
 """What rounds cost on one context, as :mod:`.controller`'s ``auto`` measures them: running estimates of
-decode(rows), the wait for k drafts, sampling per row, the rest of a round and whole rounds by k (each the
-median of a window of measurements), and the acceptance earlier requests saw, pooled by sampler settings.
+decode(rows), the wait for k drafts, sampling per row, the rest of a round, whole rounds by k and the plain
+round after a drafting one (each the median of a window of measurements), and the acceptance earlier requests saw, pooled by sampler settings.
 Kept on the context across requests (a context's threads, weights and machine do not change between them).
 Pure Python.
 """
@@ -141,6 +141,13 @@ class CostModel:
         return self._estimate("total")
 
     @property
+    def after_drafting(self) -> float | None:
+        """A plain round right after a drafting one, whole: it pays for the drafting before it (the one-row graph
+        built again, drafting winding down), so it is not T(0), but it is part of what a probe from plain decoding
+        costs."""
+        return self._estimate("after_drafting").get(0)
+
+    @property
     def sample_row(self) -> float | None:
         return self._estimate("sample").get(0)
 
@@ -164,6 +171,11 @@ class CostModel:
         """A whole round with its parts ``c`` took ``seconds``, from the end of the round before to its own."""
         self._add("host", 0, max(seconds - c.draft - c.verify - c.sample, 0.0))
         self._add("total", c.k, seconds)
+
+    def observe_after_drafting(self, seconds: float) -> None:
+        """A plain round right after a drafting one took ``seconds`` (see :attr:`after_drafting`)."""
+        self.rounds += 1
+        self._add("after_drafting", 0, seconds)
 
     def decode1(self) -> float:
         """decode(1), seconds (1.0, a unit, before anything was measured)."""
