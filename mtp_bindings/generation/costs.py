@@ -93,6 +93,7 @@ class CostModel:
     # the measurements behind each estimate, by kind and size; the estimates, refreshed when read
     windows: dict[str, dict[int, _Window]] = field(default_factory=dict, repr=False)
     _estimates: dict[str, dict[int, float]] = field(default_factory=dict, repr=False)
+    _medians: dict[str, dict[int, float]] = field(default_factory=dict, repr=False)
     _stale: set[tuple[str, int]] = field(default_factory=set, repr=False)
     _warm: set[tuple[str, int]] = field(default_factory=set, repr=False)  # drafting sizes seen once (see _add)
 
@@ -112,13 +113,17 @@ class CostModel:
 
     def _estimate(self, kind: str) -> dict[int, float]:
         if self._stale:
-            kinds = {k for k, _ in self._stale}
+            # only the windows that took a measurement take their median again (a full choice read each cost
+            # ~70 times, and refreshing every window of a kind made it 80 us in cache, 130-185 after a decode)
+            kinds: set[str] = set()
+            for k, size in self._stale:
+                self._medians.setdefault(k, {})[size] = self.windows[k][size].median()
+                kinds.add(k)
             self._stale.clear()
             for k in kinds:
-                windows = self.windows[k]
-                medians = {size: w.median() for size, w in windows.items()}
-                self._estimates[k] = nondecreasing(medians, {size: len(w.values) for size, w in windows.items()}) \
-                    if k in MONOTONE else medians
+                medians = self._medians[k]
+                self._estimates[k] = nondecreasing(medians, {size: len(w.values) for size, w in self.windows[k].items()}) \
+                    if k in MONOTONE else dict(medians)
         return self._estimates.get(kind, {})
 
     def measured(self, kind: str) -> dict[int, _Window]:
@@ -179,66 +184,44 @@ class CostModel:
 
     def decode1(self) -> float:
         """decode(1), seconds (1.0, a unit, before anything was measured)."""
-        if 1 in self.verify:
-            return self.verify[1]
-        if not self.verify:
-            return 1.0
-        n = min(self.verify)
-        return self.verify[n] / (1.0 + VERIFY_SLOPE_PRIOR * (n - 1))
+        return _decode1(self.verify)
 
     def verify_cost(self, rows: int) -> float:
         """decode(rows): measured, else interpolated between the nearest measured sizes, else
         extrapolated with the measured slope (the prior's where fewer than two sizes were seen)."""
-        if rows in self.verify:
-            return self.verify[rows]
-        v1 = self.decode1()
-        seen = sorted(self.verify)
-        lo = [n for n in seen if n < rows]
-        hi = [n for n in seen if n > rows]
-        if lo and hi:
-            a, b = lo[-1], hi[0]
-            return self.verify[a] + (self.verify[b] - self.verify[a]) * (rows - a) / (b - a)
-        slope = VERIFY_SLOPE_PRIOR * v1
-        if len(seen) >= 2:
-            a, b = (seen[-2], seen[-1]) if lo else (seen[0], seen[1])
-            slope = max((self.verify[b] - self.verify[a]) / (b - a), 0.0)
-        if lo:
-            return self.verify[lo[-1]] + slope * (rows - lo[-1])
-        if hi:
-            return max(self.verify[hi[0]] - slope * (hi[0] - rows), 0.5 * v1)
-        return v1 * (1.0 + VERIFY_SLOPE_PRIOR * (rows - 1))
+        return _verify_cost(self.verify, rows)
 
     def draft_cost(self, k: int) -> float:
         """The wait for ``k`` drafts: measured, else ``k`` times the measured cost per draft."""
-        if k == 0:
-            return 0.0
-        if k in self.draft:
-            return self.draft[k]
-        if self.draft:
-            return k * sum(v / n for n, v in self.draft.items()) / len(self.draft)
-        return k * DRAFT_STEP_PRIOR * self.decode1()
+        return _draft_cost(self.draft, k, self.verify)
 
     def parts_cost(self, k: int) -> float:
         """T(k) from the parts: decode, drafts, sampling, the rest."""
-        return self.verify_cost(k + 1) + self.draft_cost(k) + (self.sample_row or 0.0) * (k + 1) + (self.host or 0.0)
+        return _parts_cost(self._snapshot(), k)
+
+    def _snapshot(self) -> tuple[dict[int, float], dict[int, float], float, float]:
+        # each estimate read once per choice (read per use, a full choice read them ~70 times: 80 us in cache)
+        return self.verify, self.draft, self.sample_row or 0.0, self.host or 0.0
 
     def round_costs(self, k_max: int) -> list[float]:
         """T(k) for k in ``0..k_max``: what whole rounds with ``k`` drafts took, else the nearest measured
         count's, moved by what the parts say the difference costs."""
-        parts = [self.parts_cost(k) for k in range(k_max + 1)]
-        if not self.total:
+        snap = self._snapshot()
+        parts = [_parts_cost(snap, k) for k in range(k_max + 1)]
+        total = self.total
+        if not total:
             return parts
         out = []
         for k, part in enumerate(parts):
-            if k in self.total:
-                out.append(self.total[k])
+            if k in total:
+                out.append(total[k])
                 continue
             # a drafting count from a measured drafting count where there is one: drafting rounds pay what plain
             # ones do not (the drafting graph, the hidden state), and no part shows all of it
-            seen = [n for n in self.total if n] if k and any(self.total) else list(self.total)
+            seen = [n for n in total if n] if k and any(total) else list(total)
             near = min(seen, key=lambda n: (abs(n - k), n))
-            near_part = parts[near] if near <= k_max else self.parts_cost(near)
-            out.append(max(self.total[near] + part - near_part, 0.1 * part))
+            near_part = parts[near] if near <= k_max else _parts_cost(snap, near)
+            out.append(max(total[near] + part - near_part, 0.1 * part))
         return out
 
     def acceptance_prior(self, k_max: int, key: Hashable = None) -> list[float]:
@@ -263,3 +246,48 @@ class CostModel:
             scale = min(1.0, POOL_MAX / (pooled_tried[i] + t)) if t else 1.0
             pooled_tried[i] = (pooled_tried[i] + t) * scale
             pooled_accepted[i] = (pooled_accepted[i] + a) * scale
+
+
+def _decode1(verify: dict[int, float]) -> float:
+    if 1 in verify:
+        return verify[1]
+    if not verify:
+        return 1.0
+    n = min(verify)
+    return verify[n] / (1.0 + VERIFY_SLOPE_PRIOR * (n - 1))
+
+
+def _verify_cost(verify: dict[int, float], rows: int) -> float:
+    if rows in verify:
+        return verify[rows]
+    v1 = _decode1(verify)
+    seen = sorted(verify)
+    lo = [n for n in seen if n < rows]
+    hi = [n for n in seen if n > rows]
+    if lo and hi:
+        a, b = lo[-1], hi[0]
+        return verify[a] + (verify[b] - verify[a]) * (rows - a) / (b - a)
+    slope = VERIFY_SLOPE_PRIOR * v1
+    if len(seen) >= 2:
+        a, b = (seen[-2], seen[-1]) if lo else (seen[0], seen[1])
+        slope = max((verify[b] - verify[a]) / (b - a), 0.0)
+    if lo:
+        return verify[lo[-1]] + slope * (rows - lo[-1])
+    if hi:
+        return max(verify[hi[0]] - slope * (hi[0] - rows), 0.5 * v1)
+    return v1 * (1.0 + VERIFY_SLOPE_PRIOR * (rows - 1))
+
+
+def _draft_cost(draft: dict[int, float], k: int, verify: dict[int, float]) -> float:
+    if k == 0:
+        return 0.0
+    if k in draft:
+        return draft[k]
+    if draft:
+        return k * sum(v / n for n, v in draft.items()) / len(draft)
+    return k * DRAFT_STEP_PRIOR * _decode1(verify)
+
+
+def _parts_cost(snap: tuple[dict[int, float], dict[int, float], float, float], k: int) -> float:
+    verify, draft, sample_row, host = snap
+    return _verify_cost(verify, k + 1) + _draft_cost(draft, k, verify) + sample_row * (k + 1) + host
