@@ -14,8 +14,9 @@ what an E2B-sized decode would lose (a 2-core CPU cannot fill an E2B-sized cache
 * memory: the full-attention and sliding-window caches' sizes as llama.cpp reports them at ``n_ctx`` 32K;
 * speed: after a prompt of 2K / 4K / 8K tokens (``--lengths``; random tokens: nothing for a drafter to predict), one-token
   decodes (plain decoding's step) and generation as users get it (``auto``, which falls back to plain decoding
-  there) per type, and each one's ratio to f16 at the same length. Flash attention is each type's default: off
-  for f16, on for the quantized types (they need it).
+  there) per type, and each one's ratio to f16 at the same length. Flash attention is each type's default: llama.cpp's
+  auto for f16 (on for a CPU; off before 2026-12-07, as the older tables say), on for the quantized types (they
+  need it).
 
 A type names both halves of the cache (the sliding-window layers take ``type_k`` / ``type_v``, the default) unless
 the setting gives the window its own. The pin's contexts keep a full-size window cache (``swa_full``), so the window
@@ -194,7 +195,8 @@ def report(res: dict[str, Any]) -> str:
     md += ["", "## Memory and speed after a long prompt", "",
            "decode = one plain decoding step at that length (median); generate = `auto` generation of "
            f"{res['n_gen']} tokens after the same prompt (its KV reused; random tokens, so `auto` decodes plainly); "
-           "ratios against f16 at the same length; flash attention as each type gets it by default (f16: off).", "",
+           "ratios against f16 at the same length; flash attention as each type gets it by default (f16: llama.cpp's "
+           "auto, on for a CPU, since 2026-12-07; off in the tables before).", "",
            "| type | length | full-attention cache MiB | window cache MiB | prompt s | decode ms | vs f16 | generate "
            "tok/s | vs f16 |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for key, c in s.items():

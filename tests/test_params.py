@@ -47,8 +47,8 @@ def test_unset_draft_overrides_pass_and_set_ones_are_checked():
         check_draft_overrides(None, 33)
 
 
-def test_auto_flash_attention_is_off_unless_the_v_cache_is_quantized():
-    assert resolve_flash_attn("auto", "f16") == "off"
+def test_auto_flash_attention_is_llama_cpp_s_auto_unless_the_v_cache_is_quantized():
+    assert resolve_flash_attn("auto", "f16") == "auto"
     assert resolve_flash_attn("auto", "q8_0") == "on"
     assert resolve_flash_attn("on", "f16") == "on"
     assert ContextParams(type_v="q4_0").resolved_flash_attn == "on"

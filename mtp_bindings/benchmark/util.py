@@ -221,7 +221,7 @@ class ServerProcess:
 
 def upstream_argv(target: Path, port: int, *, threads: int, n_ctx: int, kv: str, assistant: Path | None = None,
                   draft_n: int = 0, verbose: bool = False, extra: Sequence[str] = ()) -> list[str]:
-    fa = resolve_flash_attn("auto", kv)  # explicit: llama-server's own "auto" follows another rule
+    fa = resolve_flash_attn("auto", kv)  # what ours resolves "auto" to (llama.cpp's auto for an unquantized cache)
     argv = [str(llama_server_path()), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "-c", str(n_ctx),
             "-t", str(threads), "-tb", str(threads), "-np", "1", "-fa", fa, "-ctk", kv, "-ctv", kv,
             "--no-webui", "-cram", "0"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..hub import DEFAULT_QUANT
 from ..config.limits import CLI_N_PREDICT, DEFAULT_N_CTX, UNTIL_FULL
-from ..config.params import FLASH_ATTN, KV_TYPES, SAMPLING_DEFAULTS, ContextParams
+from ..config.params import FLASH_ATTN, FLASH_ATTN_AUTO, KV_TYPES, SAMPLING_DEFAULTS, ContextParams
 from ..config.presets import DEFAULT_PRESET, PRESETS
 from .upstream import add_speculative_args
 
@@ -128,8 +128,7 @@ def add_model_args(p: argparse.ArgumentParser, *, no_mtp: bool = True) -> None:
     p.add_argument("--cache-type-v-swa", default=CONTEXT_DEFAULTS.type_v_swa,
                    help="KV cache type of V in the sliding-window layers (default: as -ctv)")
     p.add_argument("-fa", "--flash-attn", default=CONTEXT_DEFAULTS.flash_attn, choices=sorted(FLASH_ATTN),
-                   help=f"flash attention (default {CONTEXT_DEFAULTS.flash_attn}; auto: on only for a quantized "
-                        "V cache)")
+                   help=f"flash attention (default {CONTEXT_DEFAULTS.flash_attn}; auto: {FLASH_ATTN_AUTO})")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="show what is loaded (model, assistant and its head type) and llama.cpp's load log "
                         "(buffers, metadata)")
