@@ -12,9 +12,9 @@ what an E2B-sized decode would lose (a 2-core CPU cannot fill an E2B-sized cache
   position's distribution), mean and max KL(f16 || type) and how often the argmax agrees; MTP acceptance with
   ``draft_n_max`` 3 at temperature 0 on three prompts, next to f16's;
 * memory: the full-attention and sliding-window caches' sizes as llama.cpp reports them at ``n_ctx`` 32K;
-* speed: after a prompt of 2K / 4K / 8K tokens (``--lengths``; random tokens: nothing for a drafter to predict), one-token
-  decodes (plain decoding's step) and generation as users get it (``auto``, which falls back to plain decoding
-  there) per type, and each one's ratio to f16 at the same length. Flash attention is each type's default: llama.cpp's
+* speed: after a prompt of 2K / 4K / 8K tokens (``--lengths``; random tokens), one-token decodes (plain decoding's
+  step) and generation as users get it (``auto``, which drafts where it pays: the greedy continuation of random
+  tokens often repeats itself, and the E2B-sized pair's drafts were all accepted at 4K) per type, and each one's ratio to f16 at the same length. Flash attention is each type's default: llama.cpp's
   auto for f16 (on for a CPU; off before 2026-12-07, as the older tables say), on for the quantized types (they
   need it).
 
@@ -194,7 +194,8 @@ def report(res: dict[str, Any]) -> str:
                   f"{100 * r['acceptance']:.1f}% |")
     md += ["", "## Memory and speed after a long prompt", "",
            "decode = one plain decoding step at that length (median); generate = `auto` generation of "
-           f"{res['n_gen']} tokens after the same prompt (its KV reused; random tokens, so `auto` decodes plainly); "
+           f"{res['n_gen']} tokens after the same prompt (its KV reused; `auto` drafts where it pays: the greedy "
+           "continuation of random tokens often repeats itself; its acceptance is in the JSON); "
            "ratios against f16 at the same length; flash attention as each type gets it by default (f16: llama.cpp's "
            "auto, on for a CPU, since 2026-12-07; off in the tables before).", "",
            "| type | length | full-attention cache MiB | window cache MiB | prompt s | decode ms | vs f16 | generate "
