@@ -21,8 +21,8 @@ rounds (robust to this kind of VM's heavy-tailed rounds, and to its phases for a
 it drafts one more token now and then, and one fewer (every ``PROBE_MIN``..``PROBE_MAX`` rounds, backing
 off while the probes change nothing; every other way down is plain decoding itself, two rounds), so an
 estimate that has gone stale can recover. A cold context measures plain decoding right after its first
-drafting round. A plain round right after a drafting one is not measured (drafting winding down shares its
-CPU). Between probes a choice of 0 stands without being computed again (plain rounds teach nothing about
+drafting round. A plain round right after a drafting one does not stand for T(0) (drafting winding down shares
+its CPU, the one-row graph is built again): it counts in what a probe up from plain decoding costs. Between probes a choice of 0 stands without being computed again (plain rounds teach nothing about
 acceptance): the loop runs ``PLAIN_SAMPLE`` plain rounds on one call (a lease) and the last of them is measured.
 The wait for a probe counts the context's rounds across its requests. Acceptance is pooled across the requests on
 a context by their sampler settings (the same pair accepts far less at temperature 1.5 than at 0). It only
