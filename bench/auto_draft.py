@@ -119,7 +119,8 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             hist.extend([0] * (k + 1 - len(hist)))
             hist[k] += c
     return {"tokens_per_s": tps, "best_fixed": best_fixed,
-            "auto_vs_best": paired(runs["auto"], runs[best_fixed]), "auto_vs_plain": paired(runs["auto"], runs["plain"]),
+            "auto_vs_best": paired(runs["auto"], runs[best_fixed]),
+            "auto_vs_plain": paired(runs["auto"], runs["plain"]),
             "auto_vs_best_of_medians": tps["auto"] / tps[best_fixed] if tps[best_fixed] else 0.0,
             "auto_rounds_per_k": hist}
 

@@ -14,9 +14,9 @@ what an E2B-sized decode would lose (a 2-core CPU cannot fill an E2B-sized cache
 * memory: the full-attention and sliding-window caches' sizes as llama.cpp reports them at ``n_ctx`` 32K;
 * speed: after a prompt of 2K / 4K / 8K tokens (``--lengths``; random tokens), one-token decodes (plain decoding's
   step) and generation as users get it (``auto``, which drafts where it pays: the greedy continuation of random
-  tokens often repeats itself, and the E2B-sized pair's drafts were all accepted at 4K) per type, and each one's ratio to f16 at the same length. Flash attention is each type's default: llama.cpp's
-  auto for f16 (on for a CPU; off before 2026-12-07, as the older tables say), on for the quantized types (they
-  need it).
+  tokens often repeats itself, and the E2B-sized pair's drafts were all accepted at 4K) per type, and each one's
+  ratio to f16 at the same length. Flash attention is each type's default: llama.cpp's auto for f16 (on for a
+  CPU; off before 2026-12-07, as the older tables say), on for the quantized types (they need it).
 
 A type names both halves of the cache (the sliding-window layers take ``type_k`` / ``type_v``, the default) unless
 the setting gives the window its own. The pin's contexts keep a full-size window cache (``swa_full``), so the window

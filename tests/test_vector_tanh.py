@@ -24,19 +24,16 @@ def tanh_check(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return compile_ggml_program(SOURCE, tmp_path_factory.mktemp("tanh"))
 
 
-_run = run_ggml_program
-
-
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_tanh_op_is_within_a_few_ulps_of_libm(tanh_check: Path, threads: int) -> None:
-    out = _run(tanh_check, str(threads))
+    out = run_ggml_program(tanh_check, str(threads))
     assert out["worst_ulp"] <= MAX_ULP, out
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_fused_softcapping_is_bit_identical_to_the_three_ops(tanh_check: Path, threads: int) -> None:
-    fused = _run(tanh_check, str(threads), "softcap")
-    unfused = _run(tanh_check, str(threads), "softcap", env={"GGML_CPU_DISABLE_FUSION": "1"})
+    fused = run_ggml_program(tanh_check, str(threads), "softcap")
+    unfused = run_ggml_program(tanh_check, str(threads), "softcap", env={"GGML_CPU_DISABLE_FUSION": "1"})
     assert fused["hash"] == unfused["hash"]
     assert fused["worst_ulp"] <= MAX_ULP + 2, fused  # 30 * tanh(x / 30): two more roundings
     assert fused["specials_ok"] is True
@@ -44,4 +41,4 @@ def test_fused_softcapping_is_bit_identical_to_the_three_ops(tanh_check: Path, t
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_tanh_op_keeps_nan_infinities_and_signed_zero(tanh_check: Path, threads: int) -> None:
-    assert _run(tanh_check, str(threads))["specials_ok"] is True
+    assert run_ggml_program(tanh_check, str(threads))["specials_ok"] is True

@@ -22,11 +22,12 @@ it drafts one more token now and then, and one fewer (every ``PROBE_MIN``..``PRO
 off while the probes change nothing; every other way down is plain decoding itself, two rounds), so an
 estimate that has gone stale can recover. A cold context measures plain decoding right after its first
 drafting round. A plain round right after a drafting one does not stand for T(0) (drafting winding down shares
-its CPU, the one-row graph is built again): it counts in what a probe up from plain decoding costs. Between probes a choice of 0 stands without being computed again (plain rounds teach nothing about
-acceptance): the loop runs ``PLAIN_SAMPLE`` plain rounds on one call (a lease) and the last of them is measured.
-The wait for a probe counts the context's rounds across its requests. Acceptance is pooled across the requests on
-a context by their sampler settings (the same pair accepts far less at temperature 1.5 than at 0). It only
-changes how much is drafted, so the output stays what plain decoding gives. Pure Python.
+its CPU, the one-row graph is built again): it counts in what a probe up from plain decoding costs. Between
+probes a choice of 0 stands without being computed again (plain rounds teach nothing about acceptance): the
+loop runs ``PLAIN_SAMPLE`` plain rounds on one call (a lease) and the last of them is measured. The wait for a
+probe counts the context's rounds across its requests. Acceptance is pooled across the requests on a context by
+their sampler settings (the same pair accepts far less at temperature 1.5 than at 0). It only changes how much
+is drafted, so the output stays what plain decoding gives. Pure Python.
 """
 
 from __future__ import annotations
@@ -196,8 +197,9 @@ class AutoCount:
         # plain decoding also slows the plain round after it, which no T(k) holds (tiny pair, T 1.5: a plain round
         # 0.3 ms, the one after a probe 0.5-0.7 ms; left out, probes cost 2-3 % of the time [AMD EPYC; avx2])
         extra = max(costs[probe] - costs[best], 0.0)
-        if best == 0 and self.costs.after_drafting is not None:
-            extra += max(self.costs.after_drafting - costs[0], 0.0)
+        after = self.costs.after_drafting if best == 0 else None
+        if after is not None:
+            extra += max(after - costs[0], 0.0)
         self.probe_wait = math.ceil(extra / (PROBE_BUDGET * costs[best]))
         if self.since_probe < self.probe_wait:
             return best

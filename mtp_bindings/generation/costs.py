@@ -1,6 +1,7 @@
 """What rounds cost on one context, as :mod:`.controller`'s ``auto`` measures them: running estimates of
 decode(rows), the wait for k drafts, sampling per row, the rest of a round, whole rounds by k and the plain
-round after a drafting one (each the median of a window of measurements), and the acceptance earlier requests saw, pooled by sampler settings.
+round after a drafting one (each the median of a window of measurements), and the acceptance earlier requests
+saw, pooled by sampler settings.
 Kept on the context across requests (a context's threads, weights and machine do not change between them).
 Pure Python.
 """
@@ -122,8 +123,8 @@ class CostModel:
             self._stale.clear()
             for k in kinds:
                 medians = self._medians[k]
-                self._estimates[k] = nondecreasing(medians, {size: len(w.values) for size, w in self.windows[k].items()}) \
-                    if k in MONOTONE else dict(medians)
+                weights = {size: len(w.values) for size, w in self.windows[k].items()}
+                self._estimates[k] = nondecreasing(medians, weights) if k in MONOTONE else dict(medians)
         return self._estimates.get(kind, {})
 
     def measured(self, kind: str) -> dict[int, _Window]:
@@ -182,10 +183,6 @@ class CostModel:
         self.rounds += 1
         self._add("after_drafting", 0, seconds)
 
-    def decode1(self) -> float:
-        """decode(1), seconds (1.0, a unit, before anything was measured)."""
-        return _decode1(self.verify)
-
     def verify_cost(self, rows: int) -> float:
         """decode(rows): measured, else interpolated between the nearest measured sizes, else
         extrapolated with the measured slope (the prior's where fewer than two sizes were seen)."""
@@ -194,10 +191,6 @@ class CostModel:
     def draft_cost(self, k: int) -> float:
         """The wait for ``k`` drafts: measured, else ``k`` times the measured cost per draft."""
         return _draft_cost(self.draft, k, self.verify)
-
-    def parts_cost(self, k: int) -> float:
-        """T(k) from the parts: decode, drafts, sampling, the rest."""
-        return _parts_cost(self._snapshot(), k)
 
     def _snapshot(self) -> tuple[dict[int, float], dict[int, float], float, float]:
         # each estimate read once per choice (read per use, a full choice read them ~70 times: 80 us in cache)
@@ -249,6 +242,7 @@ class CostModel:
 
 
 def _decode1(verify: dict[int, float]) -> float:
+    """decode(1), seconds (1.0, a unit, before anything was measured)."""
     if 1 in verify:
         return verify[1]
     if not verify:
@@ -289,5 +283,6 @@ def _draft_cost(draft: dict[int, float], k: int, verify: dict[int, float]) -> fl
 
 
 def _parts_cost(snap: tuple[dict[int, float], dict[int, float], float, float], k: int) -> float:
+    """T(k) from the parts: decode, drafts, sampling, the rest."""
     verify, draft, sample_row, host = snap
     return _verify_cost(verify, k + 1) + _draft_cost(draft, k, verify) + sample_row * (k + 1) + host
