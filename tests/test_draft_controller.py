@@ -279,6 +279,21 @@ def test_requests_with_other_sampler_settings_start_from_their_own_pool():
     assert AutoCount(costs, K_MAX, pool_key="greedy").acceptance.rates()[0] > 0.8
 
 
+def test_a_pooled_position_reached_a_few_times_and_never_accepted_keeps_a_chance():
+    costs = CostModel()
+    costs.pool([40, 4], [20, 0])  # the first draft kept half the time, the second never, in 4 tries
+    prior = costs.acceptance_prior(3)
+    assert prior[0] == pytest.approx(0.5, abs=0.01)
+    assert 0.0 < prior[1] < 0.5  # unlikely, not impossible: a later request can still choose to try it
+    assert prior[2] == pytest.approx(prior[1])  # never reached: the position before it
+
+
+def test_a_pooled_position_with_many_tries_stands_for_what_was_measured():
+    costs = CostModel()
+    costs.pool([200, 100], [100, 10], key="t")
+    assert costs.acceptance_prior(2, key="t")[1] == pytest.approx(0.1, abs=0.01)
+
+
 def test_a_choice_of_plain_decoding_is_not_computed_again_between_probes():
     sim = Simulation(Machine(steep_verify, draft_step=0.006, accept=0.0))
     sim.run(300)

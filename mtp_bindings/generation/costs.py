@@ -18,6 +18,7 @@ COST_MAX_AGE = 48         # ... taken in the context's last this many rounds (th
 VERIFY_SLOPE_PRIOR = 0.1  # decode(n) = decode(1) (1 + slope (n - 1)) until two sizes are measured
 DRAFT_STEP_PRIOR = 0.1    # a draft step / decode(1), until a draft is measured
 POOL_MAX = 256.0          # observations the context's pooled acceptance keeps per position
+POOL_PRIOR_WEIGHT = 2.0   # drafts' worth of the position before it that a pooled position's estimate starts from
 MONOTONE = ("verify", "draft", "total")  # costs that never fall as rows or drafts grow (see nondecreasing)
 DRAFTING_SIZES = {"verify": 2, "draft": 1, "total": 1}  # the sizes of drafting rounds, by kind (see CostModel._add)
 
@@ -218,15 +219,17 @@ class CostModel:
         return out
 
     def acceptance_prior(self, k_max: int, key: Hashable = None) -> list[float]:
-        """Per position, what earlier requests with sampler settings ``key`` accepted on this context
-        (a position never reached takes the one before it, the first the prior)."""
+        """Per position, what earlier requests with sampler settings ``key`` accepted on this context, with
+        ``POOL_PRIOR_WEIGHT`` drafts' worth of the position before it (the first: ``ACCEPT_PRIOR``) added: a
+        position reached a few times and never accepted is unlikely, not impossible (as a bare ratio it was 0,
+        and an estimate of 0 has no standard error for the choice's optimism to add: on the E2B-sized pair at
+        temperature 0.7, drafts past the first were written off for every later request after the first)."""
         tried, accepted = self.pools.get(key, ([], []))
         out: list[float] = []
         for i in range(k_max):
-            if i < len(tried) and tried[i] >= 1.0:
-                out.append(accepted[i] / tried[i])
-            else:
-                out.append(out[-1] if out else ACCEPT_PRIOR)
+            before = out[-1] if out else ACCEPT_PRIOR
+            t, a = (tried[i], accepted[i]) if i < len(tried) else (0.0, 0.0)
+            out.append((a + POOL_PRIOR_WEIGHT * before) / (t + POOL_PRIOR_WEIGHT))
         return out
 
     def pool(self, tried: list[int], accepted: list[int], key: Hashable = None) -> None:
