@@ -112,12 +112,11 @@ int main(int argc, char ** argv) {
             same &= memcmp(out[0], out[i], (size_t) n * rows * sizeof(float)) == 0;
         }
         printf("n=%d", n);
-        double first = 0.0;
+        double ns[MAX_LIBS];
         for (int i = 0; i < n_libs; i++) {
             qsort(ts[i], calls, sizeof(double), cmp_double);
-            const double ns = ts[i][calls / 2] * 1e9 / n_blocks;
-            first = i == 0 ? ns : first;
-            printf("  %8.1f (%.3f)", ns, ns / first);
+            ns[i] = ts[i][calls / 2] * 1e9 / n_blocks;
+            printf("  %8.1f (%.3f)", ns[i], ns[i] / ns[0]);
         }
         printf("  %s\n", same ? "same bits" : "BITS DIFFER");
     }
