@@ -4,6 +4,8 @@ test_draft_controller.py."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from mtp_bindings import Model
@@ -66,18 +68,26 @@ def test_auto_at_a_high_temperature_mostly_decodes_plain(model):
     assert drafting <= s.n_rounds // 4, (s.rounds_per_k, s.draft_policy)
 
 
+def _cpu_seconds(model, **kwargs) -> float:
+    """This process's CPU time (all threads) for one generation. A KVM guest's kernel leaves out time the host
+    stole (CONFIG_PARAVIRT_TIME_ACCOUNTING), so a host stall cannot make one run look 20x slower than its pair,
+    as wall time did here ((auto, plain) tokens/s of (51, 596) and (1517, 1125) minutes apart, same 127 plain
+    rounds); work that drafting adds, spinning threads included, still counts."""
+    t0 = time.process_time()
+    model.generate(PROMPT, **kwargs)
+    return time.process_time() - t0
+
+
 def test_auto_at_a_high_temperature_is_no_collapse_against_plain(model):
-    """Generous: drafting that cannot pay must not make generation much slower than not drafting. This VM's
-    timings have heavy tails (single decodes of 0.3 ms taking 10-40 ms, slow phases of seconds), so plain and
-    auto run in turns and the median of their paired ratios is bounded, not two minima taken apart."""
+    """Generous: drafting that cannot pay must not make generation much dearer than not drafting. Plain and auto
+    run in turns; the median of their paired CPU-time ratios is bounded."""
     model.generate(PROMPT, seed=1, **HOT)
-    ratios, seen = [], []
+    ratios = []
     for i in range(5):
-        plain = model.generate(PROMPT, draft_n_max=0, seed=i, **HOT).stats
-        auto = model.generate(PROMPT, seed=i, **HOT).stats
-        ratios.append(auto.t_generate / plain.t_generate)
-        seen.append((round(plain.t_generate * 1e3, 1), round(auto.t_generate * 1e3, 1), auto.rounds_per_k))
-    assert sorted(ratios)[2] <= 2.0, seen
+        plain = _cpu_seconds(model, draft_n_max=0, seed=i, **HOT)
+        auto = _cpu_seconds(model, seed=i, **HOT)
+        ratios.append(round(auto / plain, 2))
+    assert sorted(ratios)[2] <= 2.0, ratios
 
 
 def test_a_context_whose_batch_is_smaller_than_a_verify_batch_drafts_what_fits(model):
