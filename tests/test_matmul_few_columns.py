@@ -117,6 +117,8 @@ FA_SHAPES = {
     "768-cells": ["--n-kv", "768", "--used", "600"],  # past 512 cells: the split-KV path, 4 heads on a KV head
     "768-cells-gemma4": ["--n-kv", "768", "--used", "600", *GEMMA4_FULL],  # 8 rows a KV head: scores as K * Q^T
     "768-cells-no-gqa": ["--n-kv", "768", "--used", "600", "--kv-heads", "4"],  # F16 row by row (one_chunk)
+    # chunks 3..7 seen by no row (as a sliding window's layer sees a full-size cache): skipped whole
+    "2048-cells-600-seen-gemma4": ["--n-kv", "2048", "--used", "600", *GEMMA4_FULL],
     "2048-cells-gqa-1-thread": ["--n-kv", "2048", "--used", "1500", "--heads", "8", "--kv-heads", "2", "--dk", "256",
                                 "--threads", "1"],
     # a quantized cache: past 512 cells the query rows of a KV head take each chunk together
