@@ -124,6 +124,7 @@ FA_SHAPES = {
     # a quantized cache: past 512 cells the query rows of a KV head take each chunk together
     "256-cells-q8_0": ["--n-kv", "256", "--used", "40", "--k-type", "q8_0", "--v-type", "q8_0"],
     "768-cells-q8_0": ["--n-kv", "768", "--used", "600", "--k-type", "q8_0", "--v-type", "q8_0"],
+    "256-cells-turbo3-gemma4": ["--n-kv", "256", "--used", "200", *GEMMA4_FULL, "--k-type", "turbo3", "--v-type", "turbo3"],
     "768-cells-turbo3-gemma4": ["--n-kv", "768", "--used", "600", *GEMMA4_FULL, "--k-type", "turbo3", "--v-type", "turbo3"],
     "768-cells-turbo4-gemma4-1-thread": ["--n-kv", "768", "--used", "700", *GEMMA4_FULL, "--k-type", "turbo4",
                                          "--v-type", "turbo4", "--threads", "1"],
