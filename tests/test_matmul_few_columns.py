@@ -115,7 +115,8 @@ GEMMA4_FULL = ["--heads", "8", "--kv-heads", "1", "--dk", "256"]  # E2B's query 
 FA_SHAPES = {
     "256-cells": ["--n-kv", "256", "--used", "40"],
     "768-cells": ["--n-kv", "768", "--used", "600"],  # past 512 cells: the split-KV path, 4 heads on a KV head
-    "768-cells-gemma4": ["--n-kv", "768", "--used", "600", *GEMMA4_FULL],  # 8 rows a KV head: scores as K * Q^T (AVX2; AVX-512 from 16)
+    # 8 rows a KV head: scores as K * Q^T (AVX2; AVX-512 from 16 rows)
+    "768-cells-gemma4": ["--n-kv", "768", "--used", "600", *GEMMA4_FULL],
     "768-cells-no-gqa": ["--n-kv", "768", "--used", "600", "--kv-heads", "4"],  # F16 row by row (one_chunk)
     # chunks 3..7 seen by no row (as a sliding window's layer sees a full-size cache): skipped whole
     "2048-cells-600-seen-gemma4": ["--n-kv", "2048", "--used", "600", *GEMMA4_FULL],
@@ -124,7 +125,8 @@ FA_SHAPES = {
     # a quantized cache: past 512 cells the query rows of a KV head take each chunk together
     "256-cells-q8_0": ["--n-kv", "256", "--used", "40", "--k-type", "q8_0", "--v-type", "q8_0"],
     "768-cells-q8_0": ["--n-kv", "768", "--used", "600", "--k-type", "q8_0", "--v-type", "q8_0"],
-    "256-cells-turbo3-gemma4": ["--n-kv", "256", "--used", "200", *GEMMA4_FULL, "--k-type", "turbo3", "--v-type", "turbo3"],
+    "256-cells-turbo3-gemma4": ["--n-kv", "256", "--used", "200", *GEMMA4_FULL, "--k-type", "turbo3",
+                                "--v-type", "turbo3"],
     "768-cells-turbo3-gemma4": ["--n-kv", "768", "--used", "600", *GEMMA4_FULL, "--k-type", "turbo3", "--v-type", "turbo3"],
     "768-cells-turbo4-gemma4-1-thread": ["--n-kv", "768", "--used", "700", *GEMMA4_FULL, "--k-type", "turbo4",
                                          "--v-type", "turbo4", "--threads", "1"],
